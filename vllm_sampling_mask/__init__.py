@@ -1,0 +1,24 @@
+"""vLLM sampling masks for RL rollouts: an overlay on vLLM 0.27.1.
+
+Installing this package makes the stock `vllm` behave as the fork in every
+process (see `docs/design.md`). This module stays import-light: the site hook
+imports it at every interpreter start.
+"""
+
+from __future__ import annotations
+
+import os
+
+__version__ = "0.1.0"
+UPSTREAM_VERSION = "0.27.1"
+
+DEMO_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_model")
+
+__all__ = ["DEMO_MODEL", "SamplingMask", "UPSTREAM_VERSION", "__version__"]
+
+
+def __getattr__(name: str):
+    if name == "SamplingMask":
+        from vllm_sampling_mask.sampling_mask import SamplingMask
+        return SamplingMask
+    raise AttributeError(f"module 'vllm_sampling_mask' has no attribute {name!r}")

@@ -1,0 +1,14 @@
+"""Site hook: runs at every interpreter start via `vllm_sampling_mask.pth`.
+
+It only registers post-import hooks (nothing of vLLM or torch is imported
+here), so interpreters that never import vLLM pay almost nothing. Spawned
+engine-core and worker processes run this too, which is what makes the
+overlay active in every process vLLM starts.
+"""
+
+import os
+
+if os.environ.get("VLLM_SAMPLING_MASK_DISABLE", "") not in ("1", "true", "True"):
+    from vllm_sampling_mask.patching import install_hooks
+
+    install_hooks()

@@ -1,0 +1,18 @@
+"""Report Triton as usable when Triton's interpreter is switched on.
+
+What: sets `vllm.triton_utils.importing.HAS_TRITON = True` when
+    TRITON_INTERPRET=1, before any vLLM module copies the flag.
+Why: Model Runner V2 (whose sampler carries the sampling mask) needs Triton,
+    and vLLM only counts Triton as present when a GPU driver is active. Under
+    TRITON_INTERPRET=1 Triton runs every `@triton.jit` kernel on the CPU
+    through its interpreter, which is how CI runs the real MRv2 path here.
+    Without TRITON_INTERPRET=1 nothing changes.
+Remove when: vLLM treats Triton's interpreter as a usable backend.
+"""
+
+from vllm_sampling_mask.interpreter import triton_interpreter_on
+
+
+def apply(module) -> None:
+    if triton_interpreter_on():
+        module.HAS_TRITON = True
