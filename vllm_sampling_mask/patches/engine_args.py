@@ -1,0 +1,81 @@
+"""The engine flag: `EngineArgs.return_sampling_mask` and `--return-sampling-mask`.
+
+What: adds the dataclass field `return_sampling_mask: bool = False` to
+    `EngineArgs` (and `AsyncEngineArgs`), so `LLM(..., return_sampling_mask=True)`
+    and `EngineArgs.from_cli_args` accept it; adds the documented CLI flag
+    `--return-sampling-mask` to the ModelConfig group; copies the value onto
+    the `ModelConfig` that `create_model_config` builds; and, in
+    `create_engine_config`, refuses configurations the mask cannot be exact
+    under (`validation.startup_errors`), with one ValueError listing each
+    reason and its fix.
+Why: `LLM.__init__` passes unknown keywords straight into `EngineArgs`, which
+    fails before any vLLM plugin loads, and `ModelConfig` forbids unknown
+    constructor arguments; `create_engine_config` is the one point both `LLM`
+    and `vllm serve` pass through with the final config in hand.
+Remove when: upstream has an engine-level sampling-mask option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+from vllm_sampling_mask.patches._dataclass import add_field
+from vllm_sampling_mask.validation import startup_errors
+
+HELP = (
+    "Return, for every generated token, the ids the sampler could draw it from "
+    "(the support after logits processors, top-k, top-p and min-p) as "
+    "`CompletionOutput.sampling_mask` and `choices[].sampling_mask` of "
+    "/inference/v1/generate. Requires --logprobs-mode processed_logprobs and "
+    "Model Runner V2; every request needs temperature > 0 and top_k > 0.")
+
+
+def apply(module) -> None:
+    EngineArgs = module.EngineArgs
+    add_field(EngineArgs, "return_sampling_mask", bool, False,
+              subclasses=(module.AsyncEngineArgs,))
+
+    original_add_cli_args = EngineArgs.add_cli_args
+
+    @functools.wraps(original_add_cli_args)
+    def add_cli_args(parser):
+        parser = original_add_cli_args(parser)
+        group = next((g for g in parser._action_groups if g.title == "ModelConfig"),
+                     parser)
+        group.add_argument("--return-sampling-mask",
+                           action=argparse.BooleanOptionalAction, default=False,
+                           help=HELP)
+        return parser
+
+    EngineArgs.add_cli_args = staticmethod(add_cli_args)
+
+    original_create_model_config = EngineArgs.create_model_config
+
+    @functools.wraps(original_create_model_config)
+    def create_model_config(self):
+        model_config = original_create_model_config(self)
+        model_config.return_sampling_mask = bool(self.return_sampling_mask)
+        return model_config
+
+    EngineArgs.create_model_config = create_model_config
+
+    original_create_engine_config = EngineArgs.create_engine_config
+
+    @functools.wraps(original_create_engine_config)
+    def create_engine_config(self, *args, **kwargs):
+        config = original_create_engine_config(self, *args, **kwargs)
+        if self.return_sampling_mask:
+            mc = config.model_config
+            errors = startup_errors(
+                logprobs_mode=mc.logprobs_mode,
+                use_v2_model_runner=config.use_v2_model_runner,
+                speculative=config.speculative_config is not None,
+                logits_processors=mc.logits_processors,
+                runner_type=mc.runner_type,
+                is_diffusion=bool(getattr(mc, "is_diffusion", False)))
+            if errors:
+                raise ValueError(" ".join(errors))
+        return config
+
+    EngineArgs.create_engine_config = create_engine_config

@@ -1,0 +1,745 @@
+"""Trainer-side log-probabilities under a sampling mask.
+
+When the engine samples token ``a_t`` with top-k / top-p / min-p, it draws from
+the renormalised distribution over the *support* ``S_t`` (the ids that survived
+the truncation), not from the full softmax.  The sampling mask records ``S_t``
+for every generated token; this module recomputes, on the trainer's own logits,
+the log-probability of the action under that same distribution::
+
+    z_t        = logits[t] / temp_t                      (temperature first,
+                                                          as the sampler did)
+    log pi_t   = z_t[a_t] - logsumexp_{v in S_t} z_t[v]
+
+and its gradient::
+
+    d log pi_t / d logits[t, v] = (1[v == a_t] - p_t(v)) / temp_t    for v in S_t
+                                = 0                                  otherwise
+
+with ``p_t(v) = softmax(z_t restricted to S_t)[v]``.  Ids outside the support
+get exactly zero gradient, which is the point: the policy gradient is taken
+with respect to the distribution the rollout actually used.
+
+Packed mask layout (shared with :class:`~vllm_sampling_mask.sampling_mask.SamplingMask`)::
+
+    ids      [N]      every support concatenated, N = sum_t |S_t|
+    offsets  [T + 1]  offsets[0] == 0, offsets[-1] == N, non-decreasing;
+                      support t is ids[offsets[t]:offsets[t + 1]]
+
+Several sequences can be packed along ``T``: concatenate their logits rows,
+their token ids and their masks (``SamplingMask.concat``).
+
+Entry points
+------------
+``nucleus_logprobs(logits, token_ids, mask, temperature=1.0)``
+    From ``[T, V]`` logits.  The kept logits are *gathered* with one flat
+    index ``row * V + id`` (N values), reduced per support by a segmented
+    log-sum-exp (segment max with ``scatter_reduce(amax)``, then ``exp`` and a
+    segment sum with ``index_add``).  Extra memory is O(N + T): there is no
+    ``[T, V]`` boolean mask and no second ``[T, V]`` float tensor, in the
+    forward or the backward.  The backward (hand-written, a custom
+    ``autograd.Function``) allocates the one dense ``[T, V]`` gradient that
+    autograd needs for ``logits`` itself and fills it with a single
+    ``index_add`` of N values.  Work: O(N) plus the zero-fill of that gradient.
+
+``nucleus_logprobs_from_hidden(hidden, lm_head_weight, token_ids, mask, ...)``
+    From the last hidden states ``[T, H]`` and the LM head ``[V, H]``
+    (optional bias ``[V]``).  Since ``log pi`` needs logits only on ``S_t``,
+    only those N logits (plus the T sampled ones) are computed: a sampled
+    dense-dense product (SDDMM, O(N * H) work) instead of the ``[T, V]``
+    matmul (O(T * V * H)).  The vocabulary is processed in blocks of at most
+    ``chunk_size`` rows of the weight (default: 256 MiB of float32 at this
+    ``H``), so the working set is bounded whatever ``N`` is.  The backward is
+    hand-written too: ``grad_hidden`` is an ``embedding_bag`` of weight rows
+    weighted by the per-id coefficients, ``grad_weight`` an ``embedding_bag``
+    of hidden rows per vocabulary id (written block by block into the one
+    ``[V, H]`` buffer the weight gradient needs), ``grad_bias`` an
+    ``index_add``.  No ``[T, V]`` tensor exists at any point.
+
+``full_logprobs(logits, token_ids, temperature=1.0)``
+    The untruncated counterpart ``z_t[a_t] - logsumexp_v z_t[v]`` (dense,
+    O(T * V) memory, plain autograd).
+
+``importance_ratio(new_logprobs, old_logprobs, clip=None)``
+    ``exp(new - old)`` with the old log-probabilities treated as constants,
+    optionally clamped.
+
+Precision: everything is computed in float32 (float64 when an input is
+float64), whatever the input dtype; the result is float32 (float64 for float64
+inputs).  Gradients are accumulated in that precision and cast once to the
+input dtype.
+
+Validation (``validate=True``, the default) checks every bad input below and
+raises ``ValueError`` naming the token position ``t``:
+
+* length mismatches between logits / hidden, token_ids and the mask;
+* offsets not starting at 0, decreasing, or not ending at ``len(ids)``;
+* an empty support; an id outside ``[0, V)``; an id listed twice in a support;
+* a sampled token outside ``[0, V)`` or not inside its support;
+* a non-positive (or NaN / infinite) temperature.
+
+It is vectorised: at most two device-to-host synchronisations per call (three
+when a support is not in ascending order and has to be checked for duplicate
+ids), never one per token.  ``validate=False`` skips it for the hot loop; the
+result on invalid input is then unspecified (a sampled token outside its
+support just gives the formula's value, which can be positive).
+
+Synchronisations with ``validate=False``: none for ``nucleus_logprobs``; one
+for ``nucleus_logprobs_from_hidden`` (the block boundaries).
+
+``torch.compile``: ``nucleus_logprobs`` and ``full_logprobs`` compile (the
+custom ``autograd.Function`` is traced by Dynamo).  Validation reads values on
+the host and causes a graph break; use ``validate=False`` inside compiled
+regions for a single graph.  ``nucleus_logprobs_from_hidden`` uses sparse CSR
+tensors (``torch.sparse.sampled_addmm``) and data-dependent block sizes, which
+Dynamo does not trace: it is marked ``torch.compiler.disable`` and runs
+eagerly inside a compiled model (a graph break around it).
+
+This module depends on torch, numpy and the standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any, Optional, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "full_logprobs",
+    "importance_ratio",
+    "mask_to_tensors",
+    "nucleus_logprobs",
+    "nucleus_logprobs_from_hidden",
+]
+
+# torch warns once per process that sparse CSR is "beta"; the op only uses the
+# stable `sampled_addmm` kernel on it, so keep that one message quiet.
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+
+Temperature = Union[float, int, torch.Tensor]
+MaskLike = Any  # SamplingMask, or a pair (ids, offsets) of tensors / arrays
+
+_DEFAULT_CHUNK_BYTES = 256 * 1024 * 1024
+# The SDDMM kernel: "sparse" (torch.sparse.sampled_addmm, the fast CPU path)
+# or "gather" (gathered weight rows in chunks, any device).  `None` picks
+# sparse on CPU and gather elsewhere.  Tests force each one.
+_SDDMM_KERNEL: Optional[str] = None
+
+
+# ---------------------------------------------------------------------------
+# Input normalisation
+# ---------------------------------------------------------------------------
+
+def _to_index_tensor(x, name: str, device: torch.device) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        t = x
+    elif isinstance(x, np.ndarray):
+        t = torch.from_numpy(np.ascontiguousarray(x))
+    else:
+        try:
+            t = torch.as_tensor(x)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ValueError(f"{name} must be an integer tensor or array") from exc
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise ValueError(f"{name} must have an integer dtype (got {t.dtype})")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D (got shape {tuple(t.shape)})")
+    return t.to(device=device, dtype=torch.int64)
+
+
+def mask_to_tensors(mask: MaskLike, device: Union[str, torch.device, None] = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, offsets)`` as int64 tensors on ``device`` from a mask.
+
+    ``mask`` is a :class:`SamplingMask` (anything with ``.ids`` and
+    ``.offsets``) or a pair ``(ids, offsets)`` of tensors / arrays.  Convert
+    once and pass the pair to the op inside a training loop to avoid a
+    host-to-device copy per call.
+    """
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if hasattr(mask, "ids") and hasattr(mask, "offsets"):
+        ids, offsets = mask.ids, mask.offsets
+    elif isinstance(mask, (tuple, list)) and len(mask) == 2:
+        ids, offsets = mask
+    else:
+        raise TypeError("mask must be a SamplingMask or a pair (ids, offsets), "
+                        f"got {type(mask).__name__}")
+    return (_to_index_tensor(ids, "mask ids", device),
+            _to_index_tensor(offsets, "mask offsets", device))
+
+
+def _token_tensor(token_ids, T: int, device: torch.device) -> torch.Tensor:
+    tok = _to_index_tensor(token_ids, "token_ids", device)
+    if tok.numel() != T:
+        raise ValueError(f"token_ids has {tok.numel()} entries but there are {T} "
+                         "positions (rows of logits / hidden)")
+    return tok
+
+
+def _compute_dtype(*tensors: Optional[torch.Tensor]) -> torch.dtype:
+    if any(t is not None and t.dtype == torch.float64 for t in tensors):
+        return torch.float64
+    return torch.float32
+
+
+def _temperature_tensor(temperature: Temperature, T: int, device: torch.device,
+                        dtype: torch.dtype, validate: bool) -> torch.Tensor:
+    """Temperature as a ``[T]`` tensor (a constant: no gradient flows to it)."""
+    if isinstance(temperature, torch.Tensor):
+        temp = temperature.detach()
+        if temp.numel() == 1:
+            return temp.reshape(1).to(device=device, dtype=dtype).expand(T)
+        if temp.dim() != 1 or temp.numel() != T:
+            raise ValueError(f"temperature must be a float or a [T] tensor with T={T} "
+                             f"(got shape {tuple(temp.shape)})")
+        return temp.to(device=device, dtype=dtype)
+    try:
+        value = float(temperature)
+    except (TypeError, ValueError) as exc:
+        raise ValueError("temperature must be a float or a [T] tensor") from exc
+    if validate and not (value > 0.0 and math.isfinite(value)):
+        raise ValueError(f"temperature must be positive and finite (got {value})")
+    return torch.full((T,), value, dtype=dtype, device=device)
+
+
+def _first(cond: torch.Tensor) -> torch.Tensor:
+    """Index of the first True in a 1-D bool tensor, -1 if none (no sync)."""
+    if cond.numel() == 0:
+        return torch.full((), -1, dtype=torch.int64, device=cond.device)
+    return torch.where(cond.any(), cond.to(torch.uint8).argmax(), -1)
+
+
+def _segment_ids(offsets: torch.Tensor, T: int, N: int) -> torch.Tensor:
+    """``seg[k] = t`` for ``offsets[t] <= k < offsets[t + 1]`` (valid offsets)."""
+    if N == 0:
+        return torch.zeros(0, dtype=torch.int64, device=offsets.device)
+    counts = offsets[1:] - offsets[:-1]
+    return torch.repeat_interleave(
+        torch.arange(T, device=offsets.device), counts, output_size=N)
+
+
+def _check_offsets(offsets: torch.Tensor, T: int, N: int) -> None:
+    """One host sync: offsets start at 0, never decrease, end at N; no empty support."""
+    counts = offsets[1:] - offsets[:-1]
+    summary = torch.stack([
+        offsets[0], offsets[-1], _first(counts < 0), _first(counts == 0)]).tolist()
+    start, end, t_dec, t_empty = summary
+    if start != 0:
+        raise ValueError(f"mask offsets must start at 0 (got offsets[0]={start})")
+    if t_dec >= 0:
+        raise ValueError(
+            "mask offsets must be non-decreasing: offsets[t + 1] < offsets[t] "
+            f"at token t={t_dec}")
+    if end != N:
+        raise ValueError(f"mask offsets must end at len(ids)={N} (got offsets[-1]={end})")
+    if t_empty >= 0:
+        raise ValueError(f"empty support at token t={t_empty} "
+                         "(offsets[t] == offsets[t + 1])")
+
+
+def _check_contents(ids: torch.Tensor, seg: torch.Tensor, tok: torch.Tensor,
+                    temp: torch.Tensor, V: int, T: int) -> None:
+    """One host sync (two if ids are not ascending): ids, tokens, temperatures."""
+    N = ids.numel()
+    bad_id = (ids < 0) | (ids >= V)
+    k_bad = _first(bad_id)
+    bad_tok = (tok < 0) | (tok >= V)
+    hit = ids == tok[seg]
+    hits = torch.zeros(T, dtype=torch.int64, device=ids.device).index_add_(
+        0, seg, hit.to(torch.int64))
+    t_miss = _first(hits == 0)
+    t_temp = _first(~((temp > 0) & torch.isfinite(temp)))
+    if N > 1:
+        same_seg = seg[1:] == seg[:-1]
+        not_asc = same_seg & (ids[1:] <= ids[:-1])
+        k_dup = _first(same_seg & (ids[1:] == ids[:-1]))
+        unsorted = not_asc.any().to(torch.int64)
+    else:
+        k_dup = torch.full((), -1, dtype=torch.int64, device=ids.device)
+        unsorted = torch.zeros((), dtype=torch.int64, device=ids.device)
+    k_safe = k_bad.clamp(min=0)
+    t_tok = _first(bad_tok)
+    summary = torch.stack([
+        k_bad,
+        seg[k_safe] if N else k_bad,
+        ids[k_safe] if N else k_bad,
+        t_tok,
+        tok[t_tok.clamp(min=0)] if T else t_tok,
+        t_miss,
+        t_temp,
+        k_dup,
+        unsorted,
+    ]).tolist()
+    k_bad, t_bad, id_bad, t_tok, tok_bad, t_miss, t_temp, k_dup, unsorted = summary
+    if t_temp >= 0:
+        value = float(temp[t_temp])
+        raise ValueError(f"temperature must be positive and finite: temperature[{t_temp}]="
+                         f"{value} at token t={t_temp}")
+    if k_bad >= 0:
+        raise ValueError(f"mask id {id_bad} at token t={t_bad} (ids[{k_bad}]) is outside "
+                         f"the vocabulary [0, {V})")
+    if t_tok >= 0:
+        raise ValueError(f"sampled token {tok_bad} at token t={t_tok} is outside the "
+                         f"vocabulary [0, {V})")
+    if k_dup < 0 and unsorted:
+        # Not ascending somewhere: look for a repeated id with a sort.
+        key = seg * V + ids
+        skey = torch.sort(key).values
+        k_dup2 = int(_first(skey[1:] == skey[:-1]))
+        if k_dup2 >= 0:
+            dup_key = int(skey[k_dup2])
+            raise ValueError(f"id {dup_key % V} is listed twice in the support of "
+                             f"token t={dup_key // V}")
+    elif k_dup >= 0:
+        t_dup = int(seg[k_dup + 1])
+        raise ValueError(f"id {int(ids[k_dup + 1])} is listed twice in the support of "
+                         f"token t={t_dup}")
+    if t_miss >= 0:
+        raise ValueError(f"sampled token {int(tok[t_miss])} at token t={t_miss} is not "
+                         "inside its support")
+
+
+def _prepare(T: int, V: int, token_ids, mask: MaskLike, temperature: Temperature,
+             device: torch.device, cdt: torch.dtype, validate: bool):
+    """Normalise and (optionally) validate the mask, tokens and temperature."""
+    ids, offsets = mask_to_tensors(mask, device)
+    tok = _token_tensor(token_ids, T, device)
+    if offsets.numel() != T + 1:
+        raise ValueError(f"mask covers {offsets.numel() - 1} tokens but there are {T} "
+                         "positions (rows of logits / hidden); len(offsets) must be T + 1")
+    temp = _temperature_tensor(temperature, T, device, cdt, validate)
+    N = ids.numel()
+    if validate:
+        _check_offsets(offsets, T, N)
+    seg = _segment_ids(offsets, T, N)
+    if validate and T:
+        _check_contents(ids, seg, tok, temp, V, T)
+    return ids, offsets, seg, tok, temp
+
+
+# ---------------------------------------------------------------------------
+# Segmented softmax
+# ---------------------------------------------------------------------------
+
+def _segment_logsumexp(x: torch.Tensor, seg: torch.Tensor, T: int):
+    """Per-segment logsumexp of ``x`` [N] and the softmax weights ``p`` [N].
+
+    Entries equal to -inf take no part (weight 0).  O(N + T) memory.
+    """
+    m = torch.full((T,), -math.inf, dtype=x.dtype, device=x.device)
+    m.scatter_reduce_(0, seg, x, reduce="amax", include_self=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(x - m[seg])
+    s = torch.zeros(T, dtype=x.dtype, device=x.device).index_add_(0, seg, e)
+    lse = m + torch.log(s)
+    p = e.div_(s[seg])
+    return lse, p
+
+
+def _flat_view(x: torch.Tensor) -> torch.Tensor:
+    """A 1-D view spanning a 2-D tensor's storage window (any strides)."""
+    if x.is_contiguous():
+        return x.view(-1)
+    span = (x.shape[0] - 1) * x.stride(0) + (x.shape[1] - 1) * x.stride(1) + 1
+    return x.as_strided((span,), (1,))
+
+
+def _flat_index(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    if x.is_contiguous():
+        return rows * x.shape[1] + cols
+    return rows * x.stride(0) + cols * x.stride(1)
+
+
+# ---------------------------------------------------------------------------
+# From logits
+# ---------------------------------------------------------------------------
+
+class _NucleusFromLogits(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, logits, seg, ids, tok, temp):
+        T, V = logits.shape
+        cdt = temp.dtype
+        flat_logits = _flat_view(logits)
+        kept = flat_logits.index_select(0, _flat_index(logits, seg, ids)).to(cdt)
+        kept = kept.div_(temp[seg])
+        rows = torch.arange(T, device=logits.device)
+        target = flat_logits.index_select(0, _flat_index(logits, rows, tok)).to(cdt) / temp
+        lse, p = _segment_logsumexp(kept, seg, T)
+        ctx.save_for_backward(seg, ids, tok, temp, p)
+        ctx.logits_meta = (T, V, logits.dtype, logits.device)
+        return target - lse
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        seg, ids, tok, temp, p = ctx.saved_tensors
+        T, V, dtype, device = ctx.logits_meta
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None, None
+        g = grad_out.to(temp.dtype) / temp                      # d out / d z, per row
+        N = ids.numel()
+        hit = ids == tok[seg]
+        # The sampled token's own +g goes on its (first) entry in the support,
+        # combined with -p*g there, so a bf16 gradient is rounded only once.
+        arange_n = torch.arange(N, device=device)
+        first = torch.full((T,), N, dtype=torch.int64, device=device)
+        first.scatter_reduce_(0, seg, torch.where(hit, arange_n, N), reduce="amin")
+        own = first[seg] == arange_n
+        coef = (own.to(g.dtype) - p) * g[seg]
+        grad = torch.zeros((T, V), dtype=dtype, device=device)
+        flat = grad.view(-1)
+        flat.index_add_(0, seg * V + ids, coef.to(dtype))
+        # Rows whose sampled token is not in the support (only possible with
+        # validate=False): its +g goes on the token's own logit.
+        missing = (first == N).to(g.dtype)
+        rows = torch.arange(T, device=device)
+        flat.index_add_(0, rows * V + tok, (g * missing).to(dtype))
+        return grad, None, None, None, None
+
+
+def nucleus_logprobs(logits: torch.Tensor, token_ids, mask: MaskLike,
+                     temperature: Temperature = 1.0, *, validate: bool = True
+                     ) -> torch.Tensor:
+    """Log-probability of each sampled token under its sampling support.
+
+    ``out[t] = logits[t, a_t] / temp_t - logsumexp(logits[t, S_t] / temp_t)``
+
+    Args:
+        logits: ``[T, V]`` floating tensor (any dtype, any device, any
+            strides): the trainer's raw logits at the positions that produced
+            the T generated tokens (sequences may be packed along T).
+        token_ids: ``[T]`` integer tensor of the sampled tokens ``a_t``.
+        mask: a ``SamplingMask`` or a pair ``(ids, offsets)`` (ids int32/int64
+            ``[N]``, offsets int64 ``[T + 1]``); support t is
+            ``ids[offsets[t]:offsets[t + 1]]``.
+        temperature: a float or a ``[T]`` tensor; logits are divided by it
+            before normalising, as the sampler did.  No gradient flows to it.
+        validate: check the inputs (vectorised, at most two host syncs);
+            ``False`` in the hot loop once the data pipeline is trusted.
+
+    Returns:
+        ``[T]`` float32 tensor (float64 for float64 logits), differentiable
+        with respect to ``logits``; the gradient is non-zero only on the ids
+        of each support.
+
+    Raises:
+        ValueError: on bad input, naming the offending token position.
+    """
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise ValueError("logits must be a [T, V] tensor (got "
+                         f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__})")
+    if not logits.dtype.is_floating_point:
+        raise ValueError(f"logits must be a floating tensor (got {logits.dtype})")
+    T, V = logits.shape
+    cdt = _compute_dtype(logits)
+    ids, _offsets, seg, tok, temp = _prepare(
+        T, V, token_ids, mask, temperature, logits.device, cdt, validate)
+    return _NucleusFromLogits.apply(logits, seg, ids, tok, temp)
+
+
+def full_logprobs(logits: torch.Tensor, token_ids, temperature: Temperature = 1.0, *,
+                  validate: bool = True) -> torch.Tensor:
+    """Log-probability of each sampled token under the full softmax.
+
+    ``out[t] = logits[t, a_t] / temp_t - logsumexp(logits[t, :] / temp_t)``:
+    the untruncated counterpart of :func:`nucleus_logprobs` (for tokens sampled
+    without top-k / top-p, or to measure what the truncation changes).
+    Dense: O(T * V) memory in float32.  Returns ``[T]`` float32 (float64 for
+    float64 logits), differentiable with respect to ``logits``.
+    """
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise ValueError("logits must be a [T, V] tensor")
+    if not logits.dtype.is_floating_point:
+        raise ValueError(f"logits must be a floating tensor (got {logits.dtype})")
+    T, V = logits.shape
+    cdt = _compute_dtype(logits)
+    tok = _token_tensor(token_ids, T, logits.device)
+    temp = _temperature_tensor(temperature, T, logits.device, cdt, validate)
+    if validate and T:
+        t_tok, t_temp = torch.stack([
+            _first((tok < 0) | (tok >= V)),
+            _first(~((temp > 0) & torch.isfinite(temp)))]).tolist()
+        if t_temp >= 0:
+            raise ValueError("temperature must be positive and finite: "
+                             f"temperature[{t_temp}]={float(temp[t_temp])} at token t={t_temp}")
+        if t_tok >= 0:
+            raise ValueError(f"sampled token {int(tok[t_tok])} at token t={t_tok} is "
+                             f"outside the vocabulary [0, {V})")
+    z = logits.to(cdt) / temp[:, None]
+    return z.gather(1, tok[:, None]).squeeze(1) - torch.logsumexp(z, dim=1)
+
+
+# ---------------------------------------------------------------------------
+# From hidden states (never the [T, V] logits)
+# ---------------------------------------------------------------------------
+
+class _Layout:
+    """The (support + sampled) pairs of every token, grouped by vocabulary block.
+
+    Pairs: the N support entries ``(t, ids[k])`` and one extra entry
+    ``(t, a_t)`` per token for the sampled logit.  They are ordered by
+    (block of ``chunk`` vocabulary rows, token), so block ``b`` is the slice
+    ``bounds[b]:bounds[b + 1]`` and, inside it, a CSR matrix with row
+    pointers ``crow[b]``.
+    """
+
+    def __init__(self, ids, offsets, seg, tok, T: int, V: int, chunk: int):
+        device = ids.device
+        N = ids.numel()
+        rows = torch.arange(T, device=device)
+        self.T, self.V, self.chunk = T, V, chunk
+        self.n_blocks = max(1, -(-V // chunk))
+        n = N + T
+        if self.n_blocks == 1:
+            # Sorted by token already: token t's support, then its sampled id.
+            # Positions are known in closed form, so no sort and no sync.
+            pos_support = torch.arange(N, device=device) + seg
+            pos_target = offsets[1:] + rows
+            cols = torch.empty(n, dtype=torch.int64, device=device)
+            segs = torch.empty(n, dtype=torch.int64, device=device)
+            cols[pos_support] = ids
+            cols[pos_target] = tok
+            segs[pos_support] = seg
+            segs[pos_target] = rows
+            self.crow = (offsets + torch.arange(T + 1, device=device)).unsqueeze(0)
+            self.bounds = [0, n]
+        else:
+            all_ids = torch.cat([ids, tok])
+            all_segs = torch.cat([seg, rows])
+            key = torch.div(all_ids, chunk, rounding_mode="floor") * T + all_segs
+            perm = torch.sort(key, stable=True).indices
+            cols = all_ids[perm]
+            segs = all_segs[perm]
+            inverse = torch.empty_like(perm)
+            inverse[perm] = torch.arange(n, device=device)
+            pos_target = inverse[N:]
+            counts = torch.bincount(key, minlength=self.n_blocks * T).view(self.n_blocks, T)
+            crow = torch.zeros(self.n_blocks, T + 1, dtype=torch.int64, device=device)
+            torch.cumsum(counts, dim=1, out=crow[:, 1:])
+            self.crow = crow
+            self.bounds = [0] + torch.cumsum(crow[:, -1], 0).tolist()   # the one sync
+        is_target = torch.zeros(n, dtype=torch.bool, device=device)
+        is_target[pos_target] = True
+        self.cols, self.segs, self.is_target, self.pos_target = cols, segs, is_target, pos_target
+
+    def blocks(self):
+        """(b, p0, p1, v0, nv) for every vocabulary block holding pairs."""
+        for b in range(self.n_blocks):
+            p0, p1 = self.bounds[b], self.bounds[b + 1]
+            v0 = b * self.chunk
+            nv = min(self.chunk, self.V - v0)
+            yield b, p0, p1, v0, nv
+
+
+def _kernel(device: torch.device, cdt: torch.dtype) -> str:
+    if _SDDMM_KERNEL is not None:
+        return _SDDMM_KERNEL
+    return "sparse" if device.type == "cpu" else "gather"
+
+
+def _sddmm_block(h, w_block, crow, cols, segs, kernel: str, pair_chunk: int):
+    """``out[k] = h[segs[k]] . w_block[cols[k]]`` for the pairs of one block."""
+    n = cols.numel()
+    if kernel == "sparse":
+        csr = torch.sparse_csr_tensor(crow, cols, torch.zeros(n, dtype=h.dtype, device=h.device),
+                                      size=(h.shape[0], w_block.shape[0]),
+                                      check_invariants=False)
+        return torch.sparse.sampled_addmm(csr, h, w_block.t(), beta=0.0).values()
+    out = torch.empty(n, dtype=h.dtype, device=h.device)
+    for a in range(0, n, pair_chunk):
+        b = min(n, a + pair_chunk)
+        out[a:b] = torch.linalg.vecdot(w_block.index_select(0, cols[a:b]),
+                                       h.index_select(0, segs[a:b]))
+    return out
+
+
+class _NucleusFromHidden(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, layout: _Layout, temp, kernel: str,
+                pair_chunk: int):
+        cdt = temp.dtype
+        T = hidden.shape[0]
+        h = hidden.to(cdt)
+        z = torch.empty(layout.cols.numel(), dtype=cdt, device=hidden.device)
+        for b, p0, p1, v0, nv in layout.blocks():
+            if p1 == p0:
+                continue
+            w_block = weight[v0:v0 + nv].to(cdt)
+            cols = layout.cols[p0:p1] - v0 if v0 else layout.cols[p0:p1]
+            z[p0:p1] = _sddmm_block(h, w_block, layout.crow[b], cols,
+                                    layout.segs[p0:p1], kernel, pair_chunk)
+        if bias is not None:
+            z += bias.to(cdt)[layout.cols]
+        z.div_(temp[layout.segs])
+        target = z[layout.pos_target]
+        # The sampled entries take no part in the normaliser (weight 0).
+        x = z.masked_fill_(layout.is_target, -math.inf)
+        lse, p = _segment_logsumexp(x, layout.segs, T)
+        ctx.save_for_backward(hidden, weight, bias, temp, p)
+        ctx.layout, ctx.kernel = layout, kernel
+        return target - lse
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, weight, bias, temp, p = ctx.saved_tensors
+        layout: _Layout = ctx.layout
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        cdt = temp.dtype
+        g = grad_out.to(cdt) / temp
+        # d out / d z for every pair: +g on the sampled entry, -p*g on the support.
+        coef = (layout.is_target.to(cdt) - p) * g[layout.segs]
+        grad_h = grad_w = grad_b = None
+        h = hidden.to(cdt) if (need_h or need_w) else None
+        T, H = hidden.shape
+        if need_h:
+            grad_h = torch.zeros((T, H), dtype=cdt, device=hidden.device)
+        if need_w:
+            if layout.n_blocks == 1 and weight.dtype == cdt:
+                grad_w = None  # the embedding_bag output below is the buffer
+            else:
+                grad_w = torch.empty_like(weight)
+        for b, p0, p1, v0, nv in layout.blocks():
+            cols = layout.cols[p0:p1] - v0 if v0 else layout.cols[p0:p1]
+            segs = layout.segs[p0:p1]
+            c = coef[p0:p1]
+            if need_h and p1 > p0:
+                w_block = weight[v0:v0 + nv].to(cdt)
+                grad_h += F.embedding_bag(cols, w_block, layout.crow[b], mode="sum",
+                                          per_sample_weights=c, include_last_offset=True)
+            if need_w:
+                if p1 == p0:
+                    if grad_w is None:
+                        grad_w = torch.zeros_like(weight)
+                    else:
+                        grad_w[v0:v0 + nv].zero_()
+                    continue
+                order = torch.sort(cols, stable=True)
+                bag_offsets = torch.searchsorted(
+                    order.values, torch.arange(nv + 1, device=cols.device))
+                rows = F.embedding_bag(segs[order.indices], h, bag_offsets, mode="sum",
+                                       per_sample_weights=c[order.indices],
+                                       include_last_offset=True)
+                if grad_w is None:
+                    grad_w = rows
+                else:
+                    grad_w[v0:v0 + nv].copy_(rows)
+        if need_b:
+            grad_b = torch.zeros(bias.shape[0], dtype=cdt, device=bias.device)
+            grad_b.index_add_(0, layout.cols, coef)
+            grad_b = grad_b.to(bias.dtype)
+        if grad_h is not None:
+            grad_h = grad_h.to(hidden.dtype)
+        return grad_h, grad_w, grad_b, None, None, None, None
+
+
+@torch.compiler.disable
+def nucleus_logprobs_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Tensor,
+                                 token_ids, mask: MaskLike,
+                                 temperature: Temperature = 1.0,
+                                 bias: Optional[torch.Tensor] = None, *,
+                                 validate: bool = True,
+                                 chunk_size: Optional[int] = None) -> torch.Tensor:
+    """:func:`nucleus_logprobs` of ``hidden @ lm_head_weight.T (+ bias)``, without the logits.
+
+    Only the logits on each support (and of each sampled token) are computed:
+    O(N * H) work and O(N + T * H) memory instead of the ``[T, V]`` matmul.
+
+    Args:
+        hidden: ``[T, H]`` final hidden states at the positions that produced
+            the T generated tokens.
+        lm_head_weight: ``[V, H]`` output projection (tied embeddings work).
+        token_ids, mask, temperature, validate: as in :func:`nucleus_logprobs`.
+        bias: optional ``[V]`` output bias.
+        chunk_size: vocabulary rows processed at once (and gathered weight
+            rows per step on non-CPU devices).  Default: 256 MiB of float32,
+            ``256 MiB // (4 * H)`` rows.  On CPU, a float32 (float64) weight
+            is used in place without blocking, since nothing is copied.
+
+    Returns:
+        ``[T]`` float32 tensor (float64 for float64 inputs), differentiable
+        with respect to ``hidden``, ``lm_head_weight`` and ``bias``.
+    """
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2:
+        raise ValueError("hidden must be a [T, H] tensor")
+    if not isinstance(lm_head_weight, torch.Tensor) or lm_head_weight.dim() != 2:
+        raise ValueError("lm_head_weight must be a [V, H] tensor")
+    if not (hidden.dtype.is_floating_point and lm_head_weight.dtype.is_floating_point):
+        raise ValueError("hidden and lm_head_weight must be floating tensors")
+    T, H = hidden.shape
+    V, H2 = lm_head_weight.shape
+    if H2 != H:
+        raise ValueError(f"hidden is [T, {H}] but lm_head_weight is [V, {H2}]: "
+                         "hidden sizes differ")
+    if lm_head_weight.device != hidden.device:
+        raise ValueError("hidden and lm_head_weight must be on the same device")
+    if bias is not None:
+        if bias.shape != (V,):
+            raise ValueError(f"bias must be [V]=[{V}] (got {tuple(bias.shape)})")
+        if bias.device != hidden.device:
+            raise ValueError("bias must be on the same device as hidden")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer (got {chunk_size})")
+    device = hidden.device
+    cdt = _compute_dtype(hidden, lm_head_weight, bias)
+    ids, offsets, seg, tok, temp = _prepare(
+        T, V, token_ids, mask, temperature, device, cdt, validate)
+    kernel = _kernel(device, cdt)
+    budget_rows = max(1, _DEFAULT_CHUNK_BYTES // (4 * max(H, 1)))
+    if chunk_size is not None:
+        chunk = chunk_size
+    elif kernel == "sparse" and lm_head_weight.dtype == cdt:
+        chunk = max(V, 1)
+    else:
+        chunk = budget_rows
+    layout = _Layout(ids, offsets, seg, tok, T, V, chunk)
+    pair_chunk = max(1, min(chunk, budget_rows) // 2)
+    return _NucleusFromHidden.apply(hidden, lm_head_weight, bias, layout, temp, kernel,
+                                    pair_chunk)
+
+
+# ---------------------------------------------------------------------------
+# Importance ratio
+# ---------------------------------------------------------------------------
+
+def importance_ratio(new_logprobs: torch.Tensor, old_logprobs,
+                     clip: Union[None, float, Sequence[Optional[float]]] = None
+                     ) -> torch.Tensor:
+    """``exp(new_logprobs - old_logprobs)``, the per-token importance ratio.
+
+    ``old_logprobs`` (e.g. the engine's logprobs recorded at sampling time) is
+    a constant: it is detached and moved to ``new_logprobs``' device; the
+    ratio is computed in float32 (float64 if ``new_logprobs`` is float64).
+
+    ``clip``: ``None`` (no clamping), a float ``eps`` (clamp to
+    ``[1 - eps, 1 + eps]``, the PPO range) or a pair ``(low, high)`` where
+    either bound may be ``None`` (e.g. ``(None, 2.0)`` for truncated
+    importance sampling).  Clamped entries carry no gradient, as in PPO;
+    use ``torch.minimum(r * adv, importance_ratio(..., clip=eps) * adv)``.
+    """
+    if not isinstance(new_logprobs, torch.Tensor):
+        raise ValueError("new_logprobs must be a tensor")
+    cdt = torch.float64 if new_logprobs.dtype == torch.float64 else torch.float32
+    old = torch.as_tensor(old_logprobs).detach().to(device=new_logprobs.device, dtype=cdt)
+    if old.shape != new_logprobs.shape:
+        raise ValueError(f"old_logprobs has shape {tuple(old.shape)} but new_logprobs has "
+                         f"shape {tuple(new_logprobs.shape)}")
+    ratio = torch.exp(new_logprobs.to(cdt) - old)
+    if clip is None:
+        return ratio
+    if isinstance(clip, (int, float)):
+        if not clip >= 0:
+            raise ValueError(f"clip must be >= 0 (got {clip})")
+        low, high = 1.0 - clip, 1.0 + clip
+    else:
+        try:
+            low, high = clip
+        except (TypeError, ValueError) as exc:
+            raise ValueError("clip must be None, a float or a pair (low, high)") from exc
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"clip low {low} is above clip high {high}")
+    return torch.clamp(ratio, min=low, max=high)

@@ -1,0 +1,25 @@
+"""The engine-core output types that carry masks across the process boundary.
+
+`MaskedEngineCoreOutput` is vLLM's `EngineCoreOutput` (a msgspec Struct with
+`array_like=True`) with two trailing fields; the engine core's encoder writes
+them as ndarrays. The client must decode with `MaskedEngineCoreOutputs`: a
+decoder built for the base type silently drops trailing fields.
+
+Per output, for its `new_token_ids` (usually one token per step):
+    sampling_mask_ids     int32 [sum of counts], supports concatenated
+    sampling_mask_counts  int32 [len(new_token_ids)]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+
+
+class MaskedEngineCoreOutput(EngineCoreOutput):
+    sampling_mask_ids: np.ndarray | None = None
+    sampling_mask_counts: np.ndarray | None = None
+
+
+class MaskedEngineCoreOutputs(EngineCoreOutputs):
+    outputs: list[MaskedEngineCoreOutput] = []
