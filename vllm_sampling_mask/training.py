@@ -116,9 +116,6 @@ __all__ = [
     "nucleus_logprobs_from_hidden",
 ]
 
-# torch warns once per process that sparse CSR is "beta"; the op only uses the
-# stable `sampled_addmm` kernel on it, so keep that one message quiet.
-warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
 
 Temperature = Union[float, int, torch.Tensor]
 MaskLike = Any  # SamplingMask, or a pair (ids, offsets) of tensors / arrays
@@ -261,14 +258,15 @@ def _check_contents(ids: torch.Tensor, seg: torch.Tensor, tok: torch.Tensor,
     else:
         k_dup = torch.full((), -1, dtype=torch.int64, device=ids.device)
         unsorted = torch.zeros((), dtype=torch.int64, device=ids.device)
-    k_safe = k_bad.clamp(min=0)
     t_tok = _first(bad_tok)
+    k_safe = k_bad.clamp(min=0).reshape(1)
+    t_safe = t_tok.clamp(min=0).reshape(1)
     summary = torch.stack([
         k_bad,
-        seg[k_safe] if N else k_bad,
-        ids[k_safe] if N else k_bad,
+        seg.index_select(0, k_safe)[0] if N else k_bad,
+        ids.index_select(0, k_safe)[0] if N else k_bad,
         t_tok,
-        tok[t_tok.clamp(min=0)] if T else t_tok,
+        tok.index_select(0, t_safe)[0] if T else t_tok,
         t_miss,
         t_temp,
         k_dup,
@@ -478,82 +476,100 @@ def full_logprobs(logits: torch.Tensor, token_ids, temperature: Temperature = 1.
 # ---------------------------------------------------------------------------
 
 class _Layout:
-    """The (support + sampled) pairs of every token, grouped by vocabulary block.
+    """The pairs (token, vocabulary id) whose logits are needed, in three orders.
 
-    Pairs: the N support entries ``(t, ids[k])`` and one extra entry
-    ``(t, a_t)`` per token for the sampled logit.  They are ordered by
-    (block of ``chunk`` vocabulary rows, token), so block ``b`` is the slice
-    ``bounds[b]:bounds[b + 1]`` and, inside it, a CSR matrix with row
-    pointers ``crow[b]``.
+    Pairs: the N support entries ``(t, ids[k])`` plus one entry ``(t, a_t)``
+    per token for the sampled logit (flagged ``is_target``), n = N + T.
+
+    * id-major ("im"): sorted by vocabulary id (then token).  The forward
+      SDDMM and ``grad_weight`` run in this order, so each weight row is read
+      once, contiguously; it is a CSR matrix ``[V, T]`` with row pointers
+      ``crow_im``, and vocabulary block ``b`` (rows ``v0:v0 + nv``) is the
+      slice ``bounds[b]:bounds[b + 1]``.
+    * token-major per block ("hm"): sorted by (vocabulary block, token);
+      ``grad_hidden`` runs in this order (one ``embedding_bag`` per block, a
+      bag per token, row pointers ``crow_h[b]``).  With one block it is the
+      plain token order, known in closed form.
     """
 
     def __init__(self, ids, offsets, seg, tok, T: int, V: int, chunk: int):
         device = ids.device
         N = ids.numel()
+        n = N + T
         rows = torch.arange(T, device=device)
         self.T, self.V, self.chunk = T, V, chunk
         self.n_blocks = max(1, -(-V // chunk))
-        n = N + T
+        # Token order with each token's sampled id after its support:
+        # positions are known in closed form (no sort, no sync).
+        pos_support = torch.arange(N, device=device) + seg
+        pos_target = offsets[1:] + rows
+        cols_tm = torch.empty(n, dtype=torch.int64, device=device)
+        segs_tm = torch.empty(n, dtype=torch.int64, device=device)
+        cols_tm[pos_support] = ids
+        cols_tm[pos_target] = tok
+        segs_tm[pos_support] = seg
+        segs_tm[pos_target] = rows
+        # Id-major order.
+        perm = torch.sort(cols_tm, stable=True).indices
+        self.cols_im = cols_tm[perm]
+        self.segs_im = segs_tm[perm]
+        im_of_tm = torch.empty_like(perm)
+        im_of_tm[perm] = torch.arange(n, device=device)
+        self.target_im = im_of_tm[pos_target]
+        self.is_target_im = torch.zeros(n, dtype=torch.bool, device=device)
+        self.is_target_im[self.target_im] = True
+        self.crow_im = torch.zeros(V + 1, dtype=torch.int64, device=device)
+        torch.cumsum(torch.bincount(cols_tm, minlength=V), 0, out=self.crow_im[1:])
         if self.n_blocks == 1:
-            # Sorted by token already: token t's support, then its sampled id.
-            # Positions are known in closed form, so no sort and no sync.
-            pos_support = torch.arange(N, device=device) + seg
-            pos_target = offsets[1:] + rows
-            cols = torch.empty(n, dtype=torch.int64, device=device)
-            segs = torch.empty(n, dtype=torch.int64, device=device)
-            cols[pos_support] = ids
-            cols[pos_target] = tok
-            segs[pos_support] = seg
-            segs[pos_target] = rows
-            self.crow = (offsets + torch.arange(T + 1, device=device)).unsqueeze(0)
             self.bounds = [0, n]
+            self.cols_h = cols_tm
+            self.im_of_h = im_of_tm
+            self.crow_h = (offsets + torch.arange(T + 1, device=device)).unsqueeze(0)
         else:
-            all_ids = torch.cat([ids, tok])
-            all_segs = torch.cat([seg, rows])
-            key = torch.div(all_ids, chunk, rounding_mode="floor") * T + all_segs
-            perm = torch.sort(key, stable=True).indices
-            cols = all_ids[perm]
-            segs = all_segs[perm]
-            inverse = torch.empty_like(perm)
-            inverse[perm] = torch.arange(n, device=device)
-            pos_target = inverse[N:]
+            starts = torch.arange(0, V, chunk, device=device)
+            edges = torch.cat([starts, torch.tensor([V], device=device)])
+            self.bounds = self.crow_im[edges].tolist()                  # the one sync
+            key = torch.div(cols_tm, chunk, rounding_mode="floor") * T + segs_tm
+            perm_h = torch.sort(key, stable=True).indices
+            self.cols_h = cols_tm[perm_h]
+            self.im_of_h = im_of_tm[perm_h]
             counts = torch.bincount(key, minlength=self.n_blocks * T).view(self.n_blocks, T)
-            crow = torch.zeros(self.n_blocks, T + 1, dtype=torch.int64, device=device)
-            torch.cumsum(counts, dim=1, out=crow[:, 1:])
-            self.crow = crow
-            self.bounds = [0] + torch.cumsum(crow[:, -1], 0).tolist()   # the one sync
-        is_target = torch.zeros(n, dtype=torch.bool, device=device)
-        is_target[pos_target] = True
-        self.cols, self.segs, self.is_target, self.pos_target = cols, segs, is_target, pos_target
+            self.crow_h = torch.zeros(self.n_blocks, T + 1, dtype=torch.int64, device=device)
+            torch.cumsum(counts, dim=1, out=self.crow_h[:, 1:])
 
     def blocks(self):
-        """(b, p0, p1, v0, nv) for every vocabulary block holding pairs."""
+        """(b, p0, p1, v0, nv) per vocabulary block; pairs p0:p1 in both orders."""
         for b in range(self.n_blocks):
-            p0, p1 = self.bounds[b], self.bounds[b + 1]
             v0 = b * self.chunk
-            nv = min(self.chunk, self.V - v0)
-            yield b, p0, p1, v0, nv
+            yield b, self.bounds[b], self.bounds[b + 1], v0, min(self.chunk, self.V - v0)
 
 
-def _kernel(device: torch.device, cdt: torch.dtype) -> str:
+def _kernel(device: torch.device) -> str:
     if _SDDMM_KERNEL is not None:
         return _SDDMM_KERNEL
     return "sparse" if device.type == "cpu" else "gather"
 
 
-def _sddmm_block(h, w_block, crow, cols, segs, kernel: str, pair_chunk: int):
-    """``out[k] = h[segs[k]] . w_block[cols[k]]`` for the pairs of one block."""
-    n = cols.numel()
+def _sddmm_block(h, w_block, crow, tokens, cols, kernel: str, pair_chunk: int):
+    """``out[k] = w_block[row k] . h[tokens[k]]`` for one block's id-major pairs.
+
+    ``crow`` are the block's CSR row pointers (one row per vocabulary id),
+    ``cols`` the pairs' vocabulary ids relative to the block (gather kernel).
+    """
+    n = tokens.numel()
     if kernel == "sparse":
-        csr = torch.sparse_csr_tensor(crow, cols, torch.zeros(n, dtype=h.dtype, device=h.device),
-                                      size=(h.shape[0], w_block.shape[0]),
-                                      check_invariants=False)
-        return torch.sparse.sampled_addmm(csr, h, w_block.t(), beta=0.0).values()
+        with warnings.catch_warnings():
+            # torch warns that sparse CSR is "beta"; only its sampled_addmm is used.
+            warnings.simplefilter("ignore", UserWarning)
+            csr = torch.sparse_csr_tensor(
+                crow, tokens, torch.zeros(n, dtype=h.dtype, device=h.device),
+                size=(w_block.shape[0], h.shape[0]), check_invariants=False)
+        return torch.sparse.sampled_addmm(csr, w_block, h.t(), beta=0.0).values()
     out = torch.empty(n, dtype=h.dtype, device=h.device)
     for a in range(0, n, pair_chunk):
         b = min(n, a + pair_chunk)
         out[a:b] = torch.linalg.vecdot(w_block.index_select(0, cols[a:b]),
-                                       h.index_select(0, segs[a:b]))
+                                       h.index_select(0, tokens[a:b]))
     return out
 
 
@@ -565,21 +581,22 @@ class _NucleusFromHidden(torch.autograd.Function):
         cdt = temp.dtype
         T = hidden.shape[0]
         h = hidden.to(cdt)
-        z = torch.empty(layout.cols.numel(), dtype=cdt, device=hidden.device)
-        for b, p0, p1, v0, nv in layout.blocks():
+        L = layout
+        z = torch.empty(L.cols_im.numel(), dtype=cdt, device=hidden.device)
+        for _b, p0, p1, v0, nv in L.blocks():
             if p1 == p0:
                 continue
             w_block = weight[v0:v0 + nv].to(cdt)
-            cols = layout.cols[p0:p1] - v0 if v0 else layout.cols[p0:p1]
-            z[p0:p1] = _sddmm_block(h, w_block, layout.crow[b], cols,
-                                    layout.segs[p0:p1], kernel, pair_chunk)
+            crow = L.crow_im[v0:v0 + nv + 1] - p0
+            z[p0:p1] = _sddmm_block(h, w_block, crow, L.segs_im[p0:p1],
+                                    L.cols_im[p0:p1] - v0, kernel, pair_chunk)
         if bias is not None:
-            z += bias.to(cdt)[layout.cols]
-        z.div_(temp[layout.segs])
-        target = z[layout.pos_target]
+            z += bias.to(cdt)[L.cols_im]
+        z.div_(temp[L.segs_im])
+        target = z[L.target_im]
         # The sampled entries take no part in the normaliser (weight 0).
-        x = z.masked_fill_(layout.is_target, -math.inf)
-        lse, p = _segment_logsumexp(x, layout.segs, T)
+        x = z.masked_fill_(L.is_target_im, -math.inf)
+        lse, p = _segment_logsumexp(x, L.segs_im, T)
         ctx.save_for_backward(hidden, weight, bias, temp, p)
         ctx.layout, ctx.kernel = layout, kernel
         return target - lse
@@ -587,57 +604,47 @@ class _NucleusFromHidden(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         hidden, weight, bias, temp, p = ctx.saved_tensors
-        layout: _Layout = ctx.layout
+        L: _Layout = ctx.layout
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         cdt = temp.dtype
-        g = grad_out.to(cdt) / temp
-        # d out / d z for every pair: +g on the sampled entry, -p*g on the support.
-        coef = (layout.is_target.to(cdt) - p) * g[layout.segs]
-        grad_h = grad_w = grad_b = None
-        h = hidden.to(cdt) if (need_h or need_w) else None
         T, H = hidden.shape
+        g = grad_out.to(cdt) / temp
+        # d out / d z for every pair (id-major): +g on the sampled entry, -p*g
+        # on each support entry.  All sums below run in `cdt`.
+        coef = (L.is_target_im.to(cdt) - p) * g[L.segs_im]
+        coef_h = coef[L.im_of_h] if need_h else None
+        h = hidden.to(cdt) if need_w else None
+        grad_h = grad_w = grad_b = None
         if need_h:
             grad_h = torch.zeros((T, H), dtype=cdt, device=hidden.device)
-        if need_w:
-            if layout.n_blocks == 1 and weight.dtype == cdt:
-                grad_w = None  # the embedding_bag output below is the buffer
-            else:
-                grad_w = torch.empty_like(weight)
-        for b, p0, p1, v0, nv in layout.blocks():
-            cols = layout.cols[p0:p1] - v0 if v0 else layout.cols[p0:p1]
-            segs = layout.segs[p0:p1]
-            c = coef[p0:p1]
+        in_place_w = L.n_blocks == 1 and weight.dtype == cdt
+        if need_w and not in_place_w:
+            grad_w = torch.empty_like(weight)
+        for b, p0, p1, v0, nv in L.blocks():
+            w_block = weight[v0:v0 + nv].to(cdt) if (need_h and p1 > p0) else None
             if need_h and p1 > p0:
-                w_block = weight[v0:v0 + nv].to(cdt)
-                grad_h += F.embedding_bag(cols, w_block, layout.crow[b], mode="sum",
-                                          per_sample_weights=c, include_last_offset=True)
+                # grad_hidden[t] += sum_k coef_k * W[id_k]: one bag per token.
+                grad_h += F.embedding_bag(L.cols_h[p0:p1] - v0, w_block, L.crow_h[b],
+                                          mode="sum", per_sample_weights=coef_h[p0:p1],
+                                          include_last_offset=True)
             if need_w:
-                if p1 == p0:
-                    if grad_w is None:
-                        grad_w = torch.zeros_like(weight)
-                    else:
-                        grad_w[v0:v0 + nv].zero_()
-                    continue
-                order = torch.sort(cols, stable=True)
-                bag_offsets = torch.searchsorted(
-                    order.values, torch.arange(nv + 1, device=cols.device))
-                rows = F.embedding_bag(segs[order.indices], h, bag_offsets, mode="sum",
-                                       per_sample_weights=c[order.indices],
+                # grad_W[v] = sum_k coef_k * hidden[t_k]: one bag per vocabulary id.
+                rows = F.embedding_bag(L.segs_im[p0:p1], h, L.crow_im[v0:v0 + nv + 1] - p0,
+                                       mode="sum", per_sample_weights=coef[p0:p1],
                                        include_last_offset=True)
-                if grad_w is None:
+                if in_place_w:
                     grad_w = rows
                 else:
                     grad_w[v0:v0 + nv].copy_(rows)
         if need_b:
             grad_b = torch.zeros(bias.shape[0], dtype=cdt, device=bias.device)
-            grad_b.index_add_(0, layout.cols, coef)
+            grad_b.index_add_(0, L.cols_im, coef)
             grad_b = grad_b.to(bias.dtype)
         if grad_h is not None:
             grad_h = grad_h.to(hidden.dtype)
         return grad_h, grad_w, grad_b, None, None, None, None
 
 
-@torch.compiler.disable
 def nucleus_logprobs_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Tensor,
                                  token_ids, mask: MaskLike,
                                  temperature: Temperature = 1.0,
@@ -688,7 +695,7 @@ def nucleus_logprobs_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Ten
     cdt = _compute_dtype(hidden, lm_head_weight, bias)
     ids, offsets, seg, tok, temp = _prepare(
         T, V, token_ids, mask, temperature, device, cdt, validate)
-    kernel = _kernel(device, cdt)
+    kernel = _kernel(device)
     budget_rows = max(1, _DEFAULT_CHUNK_BYTES // (4 * max(H, 1)))
     if chunk_size is not None:
         chunk = chunk_size

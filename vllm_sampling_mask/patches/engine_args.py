@@ -64,18 +64,29 @@ def apply(module) -> None:
 
     @functools.wraps(original_create_engine_config)
     def create_engine_config(self, *args, **kwargs):
+        if self.return_sampling_mask:
+            # What the arguments already say is checked first, so these errors
+            # come before any upstream complaint about the same settings.
+            _raise(startup_errors(
+                logprobs_mode=self.logprobs_mode, use_v2_model_runner=True,
+                speculative=bool(self.speculative_config),
+                logits_processors=self.logits_processors, runner_type="generate",
+                is_diffusion=False))
         config = original_create_engine_config(self, *args, **kwargs)
         if self.return_sampling_mask:
             mc = config.model_config
-            errors = startup_errors(
+            _raise(startup_errors(
                 logprobs_mode=mc.logprobs_mode,
                 use_v2_model_runner=config.use_v2_model_runner,
                 speculative=config.speculative_config is not None,
                 logits_processors=mc.logits_processors,
                 runner_type=mc.runner_type,
-                is_diffusion=bool(getattr(mc, "is_diffusion", False)))
-            if errors:
-                raise ValueError(" ".join(errors))
+                is_diffusion=bool(getattr(mc, "is_diffusion", False))))
         return config
 
     EngineArgs.create_engine_config = create_engine_config
+
+
+def _raise(errors: list[str]) -> None:
+    if errors:
+        raise ValueError(" ".join(errors))

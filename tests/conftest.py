@@ -1,0 +1,95 @@
+"""Shared set-up: the demo model, MRv2 on CPU, and an independent reference.
+
+The environment is set before anything imports vLLM, so every engine the tests
+start (and every process it spawns) runs Model Runner V2, on a CPU host through
+Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# lets tests probe the worker process with `LLM.collective_rpc(function)`
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from vllm_sampling_mask import DEMO_MODEL  # noqa: E402
+
+# What every mask-engine test uses: exactness needs float32 (bfloat16, vLLM's CPU
+# default for a float32 checkpoint, makes ties common).
+ENGINE_KWARGS = dict(
+    model=DEMO_MODEL, dtype="float32", max_model_len=512, enforce_eager=True,
+    seed=0, return_sampling_mask=True, logprobs_mode="processed_logprobs")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(DEMO_MODEL)
+
+
+@pytest.fixture(scope="session")
+def hf_model():
+    """The demo model in transformers, float32: an independent logits source."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(DEMO_MODEL, torch_dtype=torch.float32)
+    return model.eval()
+
+
+def hf_logits(hf_model, prompt_ids, token_ids) -> torch.Tensor:
+    """Float32 logits [T, V] at the positions that produced `token_ids`."""
+    seq = torch.tensor([list(prompt_ids) + list(token_ids)])
+    with torch.no_grad():
+        logits = hf_model(input_ids=seq).logits[0].float()
+    p = len(prompt_ids)
+    return logits[p - 1: p - 1 + len(token_ids)]
+
+
+def reference_support(logits_row: torch.Tensor, temperature: float, top_k: int,
+                      top_p: float = 1.0, min_p: float = 0.0, eps: float = 1e-5):
+    """(surely_in, surely_out) id sets of the processed distribution.
+
+    Written from the definitions, in MRv2's order: temperature, min-p, top-k
+    (ties with the k-th value kept), top-p (drop the least likely ids whose
+    cumulative probability stays <= 1 - p; the most likely id always stays).
+    Ids within `eps` of a threshold are in neither set: across two float32
+    implementations their side of the cut is not defined.
+    """
+    x = logits_row.double() / temperature
+    keep = torch.ones_like(x, dtype=torch.bool)
+    near = torch.zeros_like(keep)
+    if min_p > 0:
+        probs = torch.softmax(x, -1)
+        cut = min_p * probs.max()
+        keep &= probs >= cut
+        near |= (probs - cut).abs() < eps * probs.max()
+    if top_k > 0:
+        masked = x.masked_fill(~keep, float("-inf"))
+        top = masked.topk(min(top_k + 1, int(keep.sum()))).values
+        kth = top[min(top_k, len(top)) - 1]
+        if len(top) > top_k and top[top_k - 1] - top[top_k] < eps:
+            near |= keep & ((x - kth).abs() < eps)   # the k-th cut is a near-tie
+        keep &= x >= kth
+    if top_p < 1.0:
+        masked = x.masked_fill(~keep, float("-inf"))
+        probs = torch.softmax(masked, -1)
+        order = probs.argsort()
+        cum = probs[order].cumsum(0)
+        drop_sorted = cum <= 1 - top_p
+        drop_sorted[-1] = False
+        drop = torch.zeros_like(keep)
+        drop[order] = drop_sorted
+        close = torch.zeros_like(keep)
+        close[order] = (cum - (1 - top_p)).abs() < eps
+        near |= keep & close
+        keep &= ~drop
+    surely_in = set(torch.nonzero(keep & ~near).view(-1).tolist())
+    surely_out = set(torch.nonzero(~keep & ~near).view(-1).tolist())
+    return surely_in, surely_out

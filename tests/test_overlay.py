@@ -1,0 +1,90 @@
+"""The overlay itself: activation, registry, opt-out, version guard, CLI."""
+
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from vllm_sampling_mask import patching
+from vllm_sampling_mask.patches import REGISTRY
+
+
+def run_python(code: str, env_extra=None, cwd=None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                          cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_every_patch_target_exists_and_every_patch_applies():
+    applied = patching.apply_all()
+    assert set(applied) == set(REGISTRY)
+    for name, target in REGISTRY.items():
+        importlib.import_module(target)
+        importlib.import_module(f"vllm_sampling_mask.patches.{name}")
+    again = patching.apply_all()       # applying twice is a no-op
+    assert again == applied
+
+
+def test_patches_are_live_in_a_plain_import_of_vllm():
+    # A fresh interpreter that never imports our package: the site hook does it.
+    r = run_python("""
+        import dataclasses
+        from vllm import EngineArgs
+        from vllm.outputs import CompletionOutput, SamplingMask
+        import vllm.v1.engine.core_client as cc
+        assert EngineArgs(model="m", return_sampling_mask=True).return_sampling_mask
+        assert "sampling_mask" in {f.name for f in dataclasses.fields(CompletionOutput)}
+        assert cc.EngineCoreOutputs.__name__ == "MaskedEngineCoreOutputs"
+        print("ok")
+    """)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ok" in r.stdout
+
+
+def test_opt_out_gives_stock_vllm():
+    r = run_python("""
+        import dataclasses, sys
+        from vllm import EngineArgs
+        import vllm.v1.engine.core_client as cc
+        assert "vllm_sampling_mask.patching" not in sys.modules
+        assert cc.EngineCoreOutputs.__name__ == "EngineCoreOutputs"
+        try:
+            EngineArgs(model="m", return_sampling_mask=True)
+        except TypeError as e:
+            print("stock:", e)
+    """, env_extra={"VLLM_SAMPLING_MASK_DISABLE": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "stock:" in r.stdout and "return_sampling_mask" in r.stdout
+
+
+def test_version_guard_refuses_other_vllm(tmp_path):
+    fake = tmp_path / "vllm"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("from .version import __version__\n")
+    (fake / "version.py").write_text("__version__ = '0.28.0'\n")
+    r = run_python("import vllm", env_extra={"PYTHONPATH": str(tmp_path)}, cwd=tmp_path)
+    assert r.returncode != 0
+    assert "UpstreamVersionError" in r.stderr
+    assert "0.27.1" in r.stderr and "0.28.0" in r.stderr
+    # With the overlay off, the same import succeeds.
+    r = run_python("import vllm; print(vllm.__version__)", cwd=tmp_path,
+                   env_extra={"PYTHONPATH": str(tmp_path), "VLLM_SAMPLING_MASK_DISABLE": "1"})
+    assert r.returncode == 0 and "0.28.0" in r.stdout
+
+
+def _vllm_cli(*args):
+    exe = os.path.join(os.path.dirname(sys.executable), "vllm")
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=300)
+
+
+def test_vllm_cli_version_and_serve_help():
+    r = _vllm_cli("--version")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "0.27.1" in r.stdout
+    r = _vllm_cli("serve", "--help=ModelConfig")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "--return-sampling-mask" in r.stdout
+    assert "processed_logprobs" in r.stdout

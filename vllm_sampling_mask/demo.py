@@ -1,0 +1,113 @@
+"""The main job on the demo model: serve it, generate, show each token's mask.
+
+    python -m vllm_sampling_mask.demo [--port 8123] [--prompt TEXT]
+
+Starts the stock `vllm serve` (the fork is active in it through the site
+hook) on the demo model with `--return-sampling-mask`, Model Runner V2 (on a
+CPU host through Triton's interpreter), float32 and processed logprobs; sends
+one request to `POST /inference/v1/generate`; prints each generated token
+with its logprob and the ids it was sampled from; then stops the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from vllm_sampling_mask import DEMO_MODEL
+
+
+def server_command(port: int, model: str = DEMO_MODEL, extra=()) -> list[str]:
+    exe = os.path.join(os.path.dirname(sys.executable), "vllm")
+    return [exe, "serve", model, "--port", str(port), "--host", "127.0.0.1",
+            "--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
+            "--return-sampling-mask", "--logprobs-mode", "processed_logprobs", *extra]
+
+
+def server_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            env.setdefault("TRITON_INTERPRET", "1")
+    except ImportError:
+        pass
+    return env
+
+
+def wait_healthy(base: str, proc: subprocess.Popen, timeout: float = 600) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vllm serve exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(1)
+    raise TimeoutError("vllm serve did not become healthy")
+
+
+def post_json(url: str, body: dict, timeout: float = 600) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--port", type=int, default=8123)
+    ap.add_argument("--prompt", default="def main():\n    ")
+    ap.add_argument("--max-tokens", type=int, default=12)
+    args = ap.parse_args()
+
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(DEMO_MODEL)
+    prompt_ids = tok(args.prompt, add_special_tokens=False)["input_ids"]
+
+    base = f"http://127.0.0.1:{args.port}"
+    print("starting:", " ".join(server_command(args.port)), flush=True)
+    proc = subprocess.Popen(server_command(args.port), env=server_env())
+    try:
+        wait_healthy(base, proc)
+        body = {"model": DEMO_MODEL, "token_ids": prompt_ids,
+                "sampling_params": {"temperature": 0.8, "top_k": 20, "top_p": 0.9,
+                                    "max_tokens": args.max_tokens, "logprobs": 0,
+                                    "seed": 0}}
+        status, resp = post_json(base + "/inference/v1/generate", body)
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}: {resp}")
+        choice = resp["choices"][0]
+        print(f"\nprompt: {args.prompt!r}")
+        print(f"completion: {tok.decode(choice['token_ids'])!r}\n")
+        logprobs = choice["logprobs"]["content"] if choice.get("logprobs") else None
+        for t, (token, mask) in enumerate(zip(choice["token_ids"], choice["sampling_mask"])):
+            lp = f"{logprobs[t]['logprob']:8.4f}" if logprobs else "       -"
+            print(f"token {t:2d} {tok.decode([token])!r:>14} logprob {lp}  "
+                  f"support {len(mask):3d} ids: {mask[:8]}{' ...' if len(mask) > 8 else ''}")
+        assert len(choice["sampling_mask"]) == len(choice["token_ids"])
+        print("\nok: one sampling mask per generated token")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+if __name__ == "__main__":
+    main()

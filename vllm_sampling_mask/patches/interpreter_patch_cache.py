@@ -1,0 +1,63 @@
+"""Patch `triton.language` once per interpreted kernel launch, not once per call.
+
+What: wraps `triton.runtime.interpreter._patch_lang` (Triton 3.9): while a
+    kernel launch has the language patched, a nested `@triton.jit` device
+    function whose language modules are already patched skips re-patching
+    (which walks every member of `triton.language` with `inspect.getmembers`).
+    The launch's own patch scope is unchanged and still restored on exit.
+    Only under TRITON_INTERPRET=1.
+Why: MRv2's Gumbel sampler calls nested device functions (`tl.rand`, Philox,
+    `gumbel_block_argmax`) per program; re-patching on each call made
+    interpreted sampling about 10x slower than the work itself, which is the
+    difference between a usable and an unusable CPU test suite.
+Remove when: Triton's interpreter caches its language patching (or MRv2 runs
+    on a CPU Triton backend).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+from vllm_sampling_mask.interpreter import triton_interpreter_on
+
+
+class _NoScope:
+    @staticmethod
+    def restore() -> None:
+        pass
+
+
+def apply(module) -> None:
+    if not triton_interpreter_on():
+        return
+    import triton.language as tl
+
+    original = module._patch_lang
+    state = {"patched": None}  # the language modules patched by the running launch
+
+    def langs_of(fn):
+        return {id(v) for v in fn.__globals__.values()
+                if inspect.ismodule(v) and v in (tl, tl.core)}
+
+    @functools.wraps(original)
+    def _patch_lang(fn):
+        patched = state["patched"]
+        langs = langs_of(fn)
+        if patched is not None and langs and langs <= patched:
+            return _NoScope()
+        scope = original(fn)
+        if patched is not None:          # a nested call that added a module
+            patched |= langs
+            return scope
+        state["patched"] = set(langs)
+        restore = scope.restore
+
+        def restore_and_forget():
+            state["patched"] = None
+            restore()
+
+        scope.restore = restore_and_forget
+        return scope
+
+    module._patch_lang = _patch_lang
