@@ -37,21 +37,38 @@ def _clean_env(**extra):
     return {**env, **extra}
 
 
-def test_llm_rejects_the_v1_runner_and_says_how_to_get_mrv2():
-    code = ("from vllm import LLM\nfrom vllm_sampling_mask import DEMO_MODEL\n"
-            "try:\n    LLM(DEMO_MODEL, return_sampling_mask=True, "
-            "logprobs_mode='processed_logprobs')\n"
-            "except ValueError as e:\n    print('REFUSED', e)\n")
-    r = subprocess.run([sys.executable, "-c", code], env=_clean_env(),
-                       capture_output=True, text=True, timeout=300)
-    assert "REFUSED" in r.stdout, r.stderr[-2000:]
+V1_SCRIPT = """
+import os
+from vllm import LLM, SamplingParams
+from vllm_sampling_mask import DEMO_MODEL
+try:
+    LLM(DEMO_MODEL, return_sampling_mask=True, logprobs_mode='processed_logprobs')
+except ValueError as e:
+    print('REFUSED', e)
+# Without the flag the same stock configuration runs on the V1 runner.
+llm = LLM(DEMO_MODEL, max_model_len=256, enforce_eager=True)
+runner, = llm.collective_rpc(lambda w: type(w.model_runner).__module__)
+out = llm.generate(["def main():"], SamplingParams(temperature=0, max_tokens=8))[0].outputs[0]
+print('V1', runner, len(out.token_ids), out.sampling_mask)
+"""
+
+
+def test_v1_runner_generates_and_is_refused_for_the_mask():
+    r = subprocess.run([sys.executable, "-c", V1_SCRIPT], env=_clean_env(),
+                       capture_output=True, text=True, timeout=600)
+    assert "REFUSED" in r.stdout, r.stderr[-3000:]
     assert "VLLM_USE_V2_MODEL_RUNNER=1" in r.stdout and "TRITON_INTERPRET=1" in r.stdout
+    assert "V1 vllm.v1.worker.cpu_model_runner 8 None" in r.stdout, r.stderr[-3000:]
 
 
-def test_vllm_serve_refuses_at_start_up_with_the_fix():
+@pytest.mark.parametrize("logprobs_mode, fix", [
+    ("raw_logprobs", "--logprobs-mode processed_logprobs"),
+    ("processed_logprobs", "VLLM_USE_V2_MODEL_RUNNER=1"),   # V1 runner selected
+])
+def test_vllm_serve_refuses_at_start_up_with_the_fix(logprobs_mode, fix):
     exe = os.path.join(os.path.dirname(sys.executable), "vllm")
     r = subprocess.run([exe, "serve", DEMO_MODEL, "--return-sampling-mask",
-                        "--logprobs-mode", "raw_logprobs", "--port", "0"],
+                        "--logprobs-mode", logprobs_mode, "--port", "0"],
                        env=_clean_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode != 0
-    assert "--logprobs-mode processed_logprobs" in r.stderr + r.stdout
+    assert fix in r.stderr + r.stdout

@@ -23,6 +23,16 @@ from vllm_sampling_mask.training import (
 # Helpers
 # ---------------------------------------------------------------------------
 
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    # Tiny tensors: one thread avoids OpenMP start-up costs (and stalls when
+    # the machine is shared), keeping the file fast.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def random_case(T=23, V=97, max_size=12, seed=0, singletons=(), dtype=torch.float32):
     """Logits, sampled tokens and supports (ascending, containing the token)."""
     gen = torch.Generator().manual_seed(seed)
@@ -223,9 +233,9 @@ def test_from_hidden_matches_logits_path(kernel, chunk_size):
         torch.testing.assert_close(a.grad, r.grad, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("chunk_size", [None, 7])
+@pytest.mark.parametrize("chunk_size", [None, 4])
 def test_from_hidden_gradcheck_float64(kernel, chunk_size):
-    hidden, weight, bias, tok, rows = hidden_case(T=5, V=17, H=4, seed=13,
+    hidden, weight, bias, tok, rows = hidden_case(T=5, V=11, H=3, seed=13,
                                                   dtype=torch.float64, singletons={1})
     m = SamplingMask.from_lists(rows)
     temp = torch.tensor([0.5, 1.0, 1.5, 0.7, 2.0], dtype=torch.float64)
@@ -440,8 +450,8 @@ def test_full_logprobs():
     full_mask = SamplingMask.from_lists([list(range(V))] * logits.shape[0])
     torch.testing.assert_close(nucleus_logprobs(logits, tok, full_mask, temp), out,
                                atol=2e-6, rtol=1e-6)
-    x = logits.double().requires_grad_(True)
-    assert torch.autograd.gradcheck(lambda x: full_logprobs(x[:4], tok[:4], 0.7), (x,))
+    x = logits[:4, :20].double().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x: full_logprobs(x, tok[:4] % 20, 0.7), (x,))
     with pytest.raises(ValueError, match="t=1 is outside the vocabulary"):
         full_logprobs(logits[:3], torch.tensor([0, V, 1]))
     with pytest.raises(ValueError, match="temperature"):

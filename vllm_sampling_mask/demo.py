@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -80,8 +81,12 @@ def main() -> None:
     prompt_ids = tok(args.prompt, add_special_tokens=False)["input_ids"]
 
     base = f"http://127.0.0.1:{args.port}"
+    log_path = os.path.join(tempfile.gettempdir(), f"vllm-sampling-mask-demo-{args.port}.log")
     print("starting:", " ".join(server_command(args.port)), flush=True)
-    proc = subprocess.Popen(server_command(args.port), env=server_env())
+    print(f"(server log: {log_path}; start-up takes about a minute on 2 CPU cores)", flush=True)
+    log = open(log_path, "w")
+    proc = subprocess.Popen(server_command(args.port), env=server_env(), stdout=log,
+                            stderr=subprocess.STDOUT)
     try:
         wait_healthy(base, proc)
         body = {"model": DEMO_MODEL, "token_ids": prompt_ids,
@@ -107,6 +112,7 @@ def main() -> None:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
 
 
 if __name__ == "__main__":

@@ -60,8 +60,10 @@ def apply_patch(name: str) -> bool:
     with _lock:
         if name in APPLIED:
             return False
-        _ensure_version_checked()
         from vllm_sampling_mask.patches import REGISTRY
+
+        if REGISTRY[name].startswith("vllm"):
+            _ensure_version_checked()
 
         patch = importlib.import_module(f"vllm_sampling_mask.patches.{name}")
         patch.apply(importlib.import_module(REGISTRY[name]))
