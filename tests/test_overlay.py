@@ -12,8 +12,9 @@ from vllm_sampling_mask import patching
 from vllm_sampling_mask.patches import REGISTRY
 
 
-def run_python(code: str, env_extra=None, cwd=None) -> subprocess.CompletedProcess:
-    env = {**os.environ, **(env_extra or {})}
+def run_python(code: str, env_extra=None, cwd=None, drop=()) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(env_extra or {})
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
                           cwd=cwd, capture_output=True, text=True, timeout=300)
 
@@ -30,16 +31,21 @@ def test_every_patch_target_exists_and_every_patch_applies():
 
 def test_patches_are_live_in_a_plain_import_of_vllm():
     # A fresh interpreter that never imports our package: the site hook does it.
+    # Without TRITON_INTERPRET=1 the interpreter patches change nothing.
     r = run_python("""
         import dataclasses
         from vllm import EngineArgs
         from vllm.outputs import CompletionOutput, SamplingMask
         import vllm.v1.engine.core_client as cc
+        from vllm.triton_utils import HAS_TRITON
+        from vllm.v1.sample.ops import topk_topp_sampler
         assert EngineArgs(model="m", return_sampling_mask=True).return_sampling_mask
         assert "sampling_mask" in {f.name for f in dataclasses.fields(CompletionOutput)}
         assert cc.EngineCoreOutputs.__name__ == "MaskedEngineCoreOutputs"
+        assert not HAS_TRITON
+        assert not hasattr(topk_topp_sampler.apply_top_k_top_p, "__wrapped__")
         print("ok")
-    """)
+    """, drop=("TRITON_INTERPRET",))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "ok" in r.stdout
 
@@ -88,3 +94,18 @@ def test_vllm_cli_version_and_serve_help():
     assert r.returncode == 0, r.stderr[-2000:]
     assert "--return-sampling-mask" in r.stdout
     assert "processed_logprobs" in r.stdout
+
+
+def test_wheel_carries_the_site_hook_and_the_demo_model(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                        "--no-build-isolation", "-w", str(tmp_path), "."],
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import zipfile
+    wheel, = tmp_path.glob("vllm_sampling_mask-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "vllm_sampling_mask.pth" in names
+    assert "vllm_sampling_mask/demo_model/model.safetensors" in names
+    record = next(n for n in names if n.endswith(".dist-info/RECORD"))
+    assert "vllm_sampling_mask.pth,sha256=" in zipfile.ZipFile(wheel).read(record).decode()
