@@ -6,7 +6,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 
 from vllm_sampling_mask import patching
 from vllm_sampling_mask.patches import REGISTRY

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
-import urllib.request
 
 import pytest
 import requests
 
 from vllm_sampling_mask import DEMO_MODEL
-from vllm_sampling_mask.demo import server_command, server_env, wait_healthy
+from vllm_sampling_mask.demo import serving
 
 
 def free_port() -> int:
@@ -23,22 +19,10 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server():
-    port = free_port()
-    log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"vllm-serve-{port}.log"), "w")
-    proc = subprocess.Popen(server_command(port, extra=["--max-num-seqs", "8"]),
-                            env=server_env(), stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(base, proc)
+def server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve") / "vllm-serve.log"
+    with serving(free_port(), str(log), extra=["--max-num-seqs", "8"]) as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 @pytest.fixture(scope="module")

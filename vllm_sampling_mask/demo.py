@@ -12,6 +12,7 @@ with its logprob and the ids it was sampled from; then stops the server.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -69,6 +70,24 @@ def post_json(url: str, body: dict, timeout: float = 600) -> tuple[int, dict]:
         return e.code, json.loads(e.read() or b"{}")
 
 
+@contextlib.contextmanager
+def serving(port: int, log_path: str, extra=()):
+    """Run `vllm serve` on the demo model (mask on) until the block exits; yields its URL."""
+    base = f"http://127.0.0.1:{port}"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(server_command(port, extra=extra), env=server_env(),
+                                stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_healthy(base, proc)
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--port", type=int, default=8123)
@@ -80,39 +99,27 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(DEMO_MODEL)
     prompt_ids = tok(args.prompt, add_special_tokens=False)["input_ids"]
 
-    base = f"http://127.0.0.1:{args.port}"
     log_path = os.path.join(tempfile.gettempdir(), f"vllm-sampling-mask-demo-{args.port}.log")
     print("starting:", " ".join(server_command(args.port)), flush=True)
     print(f"(server log: {log_path}; start-up takes about a minute on 2 CPU cores)", flush=True)
-    log = open(log_path, "w")
-    proc = subprocess.Popen(server_command(args.port), env=server_env(), stdout=log,
-                            stderr=subprocess.STDOUT)
-    try:
-        wait_healthy(base, proc)
+    with serving(args.port, log_path) as base:
         body = {"model": DEMO_MODEL, "token_ids": prompt_ids,
                 "sampling_params": {"temperature": 0.8, "top_k": 20, "top_p": 0.9,
                                     "max_tokens": args.max_tokens, "logprobs": 0,
                                     "seed": 0}}
         status, resp = post_json(base + "/inference/v1/generate", body)
-        if status != 200:
-            raise RuntimeError(f"HTTP {status}: {resp}")
-        choice = resp["choices"][0]
-        print(f"\nprompt: {args.prompt!r}")
-        print(f"completion: {tok.decode(choice['token_ids'])!r}\n")
-        logprobs = choice["logprobs"]["content"] if choice.get("logprobs") else None
-        for t, (token, mask) in enumerate(zip(choice["token_ids"], choice["sampling_mask"])):
-            lp = f"{logprobs[t]['logprob']:8.4f}" if logprobs else "       -"
-            print(f"token {t:2d} {tok.decode([token])!r:>14} logprob {lp}  "
-                  f"support {len(mask):3d} ids: {mask[:8]}{' ...' if len(mask) > 8 else ''}")
-        assert len(choice["sampling_mask"]) == len(choice["token_ids"])
-        print("\nok: one sampling mask per generated token")
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    if status != 200:
+        raise RuntimeError(f"HTTP {status}: {resp}")
+    choice = resp["choices"][0]
+    print(f"\nprompt: {args.prompt!r}")
+    print(f"completion: {tok.decode(choice['token_ids'])!r}\n")
+    logprobs = choice["logprobs"]["content"] if choice.get("logprobs") else None
+    for t, (token, mask) in enumerate(zip(choice["token_ids"], choice["sampling_mask"])):
+        lp = f"{logprobs[t]['logprob']:8.4f}" if logprobs else "       -"
+        print(f"token {t:2d} {tok.decode([token])!r:>14} logprob {lp}  "
+              f"support {len(mask):3d} ids: {mask[:8]}{' ...' if len(mask) > 8 else ''}")
+    assert len(choice["sampling_mask"]) == len(choice["token_ids"])
+    print("\nok: one sampling mask per generated token")
 
 
 if __name__ == "__main__":
