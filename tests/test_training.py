@@ -472,6 +472,7 @@ def test_importance_ratio():
     torch.testing.assert_close(clipped, torch.tensor([1.2, math.exp(-1.0), 1.0]).clamp(0.8, 1.2))
     torch.testing.assert_close(importance_ratio(new, old, clip=(None, 1.5)),
                                torch.tensor([1.5, math.exp(-1.0), 1.0]))
+    torch.testing.assert_close(importance_ratio(new, old, clip=(None, None)), r)
     with pytest.raises(ValueError, match="shape"):
         importance_ratio(new, old[:2])
     with pytest.raises(ValueError, match="clip"):

@@ -38,22 +38,31 @@ Entry points
     ``[T, V]`` boolean mask and no second ``[T, V]`` float tensor, in the
     forward or the backward.  The backward (hand-written, a custom
     ``autograd.Function``) allocates the one dense ``[T, V]`` gradient that
-    autograd needs for ``logits`` itself and fills it with a single
-    ``index_add`` of N values.  Work: O(N) plus the zero-fill of that gradient.
+    autograd needs for ``logits`` itself and fills it with one ``index_add``
+    of N values and one ``index_put`` of T (the sampled tokens, so that a
+    bf16 gradient is rounded once).  Work: O(N + T log N) plus the zero-fill
+    of that gradient.
 
 ``nucleus_logprobs_from_hidden(hidden, lm_head_weight, token_ids, mask, ...)``
     From the last hidden states ``[T, H]`` and the LM head ``[V, H]``
     (optional bias ``[V]``).  Since ``log pi`` needs logits only on ``S_t``,
     only those N logits (plus the T sampled ones) are computed: a sampled
-    dense-dense product (SDDMM, O(N * H) work) instead of the ``[T, V]``
-    matmul (O(T * V * H)).  The vocabulary is processed in blocks of at most
-    ``chunk_size`` rows of the weight (default: 256 MiB of float32 at this
-    ``H``), so the working set is bounded whatever ``N`` is.  The backward is
-    hand-written too: ``grad_hidden`` is an ``embedding_bag`` of weight rows
-    weighted by the per-id coefficients, ``grad_weight`` an ``embedding_bag``
-    of hidden rows per vocabulary id (written block by block into the one
-    ``[V, H]`` buffer the weight gradient needs), ``grad_bias`` an
-    ``index_add``.  No ``[T, V]`` tensor exists at any point.
+    dense-dense product (SDDMM, ``z_k = W[id_k] . h[t_k]``, O((N + T) * H)
+    work) instead of the ``[T, V]`` matmul (O(T * V * H)).  The pairs are
+    processed in vocabulary-id order, so each weight row is read once and
+    contiguously however many supports contain it (on CPU through
+    ``torch.sparse.sampled_addmm`` on a CSR pattern; elsewhere by gathering
+    weight rows in chunks of at most ``chunk_size``).  The weight is used in
+    place when it is already in the compute dtype; otherwise (bf16 / fp16)
+    it is converted block by block, ``chunk_size`` vocabulary rows at a
+    time (default: 256 MiB of float32), so the working set stays bounded.
+    The backward is hand-written too: ``grad_hidden`` is an
+    ``embedding_bag`` of weight rows per token weighted by the coefficients
+    ``(1[v == a_t] - p_t(v)) * g_t / temp_t``, ``grad_weight`` an
+    ``embedding_bag`` of hidden rows per vocabulary id written block by block
+    into the one ``[V, H]`` buffer the weight gradient needs, ``grad_bias`` an
+    ``index_add``.  No ``[T, V]`` tensor exists at any point; memory beyond
+    the inputs and their gradients is O(N + T * H + chunk_size * H).
 
 ``full_logprobs(logits, token_ids, temperature=1.0)``
     The untruncated counterpart ``z_t[a_t] - logsumexp_v z_t[v]`` (dense,
@@ -83,16 +92,19 @@ ids), never one per token.  ``validate=False`` skips it for the hot loop; the
 result on invalid input is then unspecified (a sampled token outside its
 support just gives the formula's value, which can be positive).
 
-Synchronisations with ``validate=False``: none for ``nucleus_logprobs``; one
-for ``nucleus_logprobs_from_hidden`` (the block boundaries).
+Synchronisations with ``validate=False``: none for ``nucleus_logprobs``; none
+for ``nucleus_logprobs_from_hidden`` when the weight is processed as one block
+(a float32 weight on CPU), one (the block boundaries) otherwise.
 
-``torch.compile``: ``nucleus_logprobs`` and ``full_logprobs`` compile (the
-custom ``autograd.Function`` is traced by Dynamo).  Validation reads values on
-the host and causes a graph break; use ``validate=False`` inside compiled
-regions for a single graph.  ``nucleus_logprobs_from_hidden`` uses sparse CSR
-tensors (``torch.sparse.sampled_addmm``) and data-dependent block sizes, which
-Dynamo does not trace: it is marked ``torch.compiler.disable`` and runs
-eagerly inside a compiled model (a graph break around it).
+``torch.compile``: ``nucleus_logprobs`` compiles; with ``validate=False`` it
+is a single graph with no break (the custom ``autograd.Function`` is traced
+by Dynamo, forward and backward).  Validation reads a few values on the host,
+so with ``validate=True`` Dynamo splits the graph there (it still compiles
+and gives the same results).  ``full_logprobs`` compiles.
+``nucleus_logprobs_from_hidden`` works under ``torch.compile`` but not as one
+graph: Dynamo does not support creating sparse tensors (the CPU SDDMM) and
+the block loop depends on data, so those parts run eagerly between graph
+breaks.  Checked with torch 2.13 on CPU.
 
 This module depends on torch, numpy and the standard library only.
 """
@@ -131,7 +143,8 @@ _SDDMM_KERNEL: Optional[str] = None
 # Input normalisation
 # ---------------------------------------------------------------------------
 
-def _to_index_tensor(x, name: str, device: torch.device) -> torch.Tensor:
+def _to_index_tensor(x, name: str, device: torch.device, keep_int32: bool = False
+                     ) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         t = x
     elif isinstance(x, np.ndarray):
@@ -145,7 +158,17 @@ def _to_index_tensor(x, name: str, device: torch.device) -> torch.Tensor:
         raise ValueError(f"{name} must have an integer dtype (got {t.dtype})")
     if t.dim() != 1:
         raise ValueError(f"{name} must be 1-D (got shape {tuple(t.shape)})")
-    return t.to(device=device, dtype=torch.int64)
+    dtype = torch.int32 if (keep_int32 and t.dtype == torch.int32) else torch.int64
+    return t.to(device=device, dtype=dtype)
+
+
+def _mask_parts(mask: MaskLike):
+    if hasattr(mask, "ids") and hasattr(mask, "offsets"):
+        return mask.ids, mask.offsets
+    if isinstance(mask, (tuple, list)) and len(mask) == 2:
+        return mask[0], mask[1]
+    raise TypeError("mask must be a SamplingMask or a pair (ids, offsets), "
+                    f"got {type(mask).__name__}")
 
 
 def mask_to_tensors(mask: MaskLike, device: Union[str, torch.device, None] = None
@@ -158,13 +181,7 @@ def mask_to_tensors(mask: MaskLike, device: Union[str, torch.device, None] = Non
     host-to-device copy per call.
     """
     device = torch.device(device) if device is not None else torch.device("cpu")
-    if hasattr(mask, "ids") and hasattr(mask, "offsets"):
-        ids, offsets = mask.ids, mask.offsets
-    elif isinstance(mask, (tuple, list)) and len(mask) == 2:
-        ids, offsets = mask
-    else:
-        raise TypeError("mask must be a SamplingMask or a pair (ids, offsets), "
-                        f"got {type(mask).__name__}")
+    ids, offsets = _mask_parts(mask)
     return (_to_index_tensor(ids, "mask ids", device),
             _to_index_tensor(offsets, "mask offsets", device))
 
@@ -238,85 +255,81 @@ def _check_offsets(offsets: torch.Tensor, T: int, N: int) -> None:
                          "(offsets[t] == offsets[t + 1])")
 
 
-def _check_contents(ids: torch.Tensor, seg: torch.Tensor, tok: torch.Tensor,
-                    temp: torch.Tensor, V: int, T: int) -> None:
-    """One host sync (two if ids are not ascending): ids, tokens, temperatures."""
+def _check_contents(ids: torch.Tensor, seg: torch.Tensor, key: torch.Tensor,
+                    tok: torch.Tensor, temp: torch.Tensor, V: int, T: int) -> None:
+    """One host sync (two if some support is not in ascending order).
+
+    ``key = seg * V + ids`` is strictly increasing exactly when every support
+    is ascending without repeats (ids in range); then membership of each
+    sampled token is a binary search of ``t * V + a_t`` in ``key``: O(N + T log N).
+    """
     N = ids.numel()
-    bad_id = (ids < 0) | (ids >= V)
-    k_bad = _first(bad_id)
-    bad_tok = (tok < 0) | (tok >= V)
-    hit = ids == tok[seg]
-    hits = torch.zeros(T, dtype=torch.int64, device=ids.device).index_add_(
-        0, seg, hit.to(torch.int64))
-    t_miss = _first(hits == 0)
+    device = ids.device
+    rows = torch.arange(T, device=device)
     t_temp = _first(~((temp > 0) & torch.isfinite(temp)))
-    if N > 1:
-        same_seg = seg[1:] == seg[:-1]
-        not_asc = same_seg & (ids[1:] <= ids[:-1])
-        k_dup = _first(same_seg & (ids[1:] == ids[:-1]))
-        unsorted = not_asc.any().to(torch.int64)
-    else:
-        k_dup = torch.full((), -1, dtype=torch.int64, device=ids.device)
-        unsorted = torch.zeros((), dtype=torch.int64, device=ids.device)
-    t_tok = _first(bad_tok)
-    k_safe = k_bad.clamp(min=0).reshape(1)
-    t_safe = t_tok.clamp(min=0).reshape(1)
-    summary = torch.stack([
-        k_bad,
-        seg.index_select(0, k_safe)[0] if N else k_bad,
-        ids.index_select(0, k_safe)[0] if N else k_bad,
-        t_tok,
-        tok.index_select(0, t_safe)[0] if T else t_tok,
-        t_miss,
-        t_temp,
-        k_dup,
-        unsorted,
-    ]).tolist()
-    k_bad, t_bad, id_bad, t_tok, tok_bad, t_miss, t_temp, k_dup, unsorted = summary
+    t_tok = _first((tok < 0) | (tok >= V))
+    tkey = rows * V + tok
+    lo, hi = torch.aminmax(ids)
+    ascending = (key[1:] > key[:-1]).all() if N > 1 else torch.ones((), dtype=torch.bool,
+                                                                     device=device)
+    pos = torch.searchsorted(key, tkey).clamp_(max=N - 1)
+    t_miss = _first(key[pos] != tkey)
+    summary = torch.stack([t_temp, t_tok, lo.to(torch.int64), hi.to(torch.int64),
+                           ascending.to(torch.int64), t_miss]).tolist()
+    t_temp, t_tok, lo, hi, ascending, t_miss = summary
+    # Error paths below may read more values: they run once, before raising.
     if t_temp >= 0:
-        value = float(temp[t_temp])
         raise ValueError(f"temperature must be positive and finite: temperature[{t_temp}]="
-                         f"{value} at token t={t_temp}")
-    if k_bad >= 0:
-        raise ValueError(f"mask id {id_bad} at token t={t_bad} (ids[{k_bad}]) is outside "
-                         f"the vocabulary [0, {V})")
+                         f"{float(temp[t_temp])} at token t={t_temp}")
+    if lo < 0 or hi >= V:
+        k = int(_first((ids < 0) | (ids >= V)))
+        raise ValueError(f"mask id {int(ids[k])} at token t={int(seg[k])} (ids[{k}]) is "
+                         f"outside the vocabulary [0, {V})")
     if t_tok >= 0:
-        raise ValueError(f"sampled token {tok_bad} at token t={t_tok} is outside the "
+        raise ValueError(f"sampled token {int(tok[t_tok])} at token t={t_tok} is outside the "
                          f"vocabulary [0, {V})")
-    if k_dup < 0 and unsorted:
-        # Not ascending somewhere: look for a repeated id with a sort.
-        key = seg * V + ids
+    if not ascending:
+        # Some support is not ascending: sort to find repeats and search again.
         skey = torch.sort(key).values
-        k_dup2 = int(_first(skey[1:] == skey[:-1]))
-        if k_dup2 >= 0:
-            dup_key = int(skey[k_dup2])
-            raise ValueError(f"id {dup_key % V} is listed twice in the support of "
-                             f"token t={dup_key // V}")
-    elif k_dup >= 0:
-        t_dup = int(seg[k_dup + 1])
-        raise ValueError(f"id {int(ids[k_dup + 1])} is listed twice in the support of "
-                         f"token t={t_dup}")
+        pos = torch.searchsorted(skey, tkey).clamp_(max=N - 1)
+        k_dup, t_miss = torch.stack([_first(skey[1:] == skey[:-1]),
+                                     _first(skey[pos] != tkey)]).tolist()
+        if k_dup >= 0:
+            dup = int(skey[k_dup])
+            raise ValueError(f"id {dup % V} is listed twice in the support of "
+                             f"token t={dup // V}")
     if t_miss >= 0:
         raise ValueError(f"sampled token {int(tok[t_miss])} at token t={t_miss} is not "
                          "inside its support")
 
 
+class _Prepared:
+    __slots__ = ("ids", "offsets", "seg", "key", "tok", "temp", "temp_scalar")
+
+
 def _prepare(T: int, V: int, token_ids, mask: MaskLike, temperature: Temperature,
-             device: torch.device, cdt: torch.dtype, validate: bool):
+             device: torch.device, cdt: torch.dtype, validate: bool) -> _Prepared:
     """Normalise and (optionally) validate the mask, tokens and temperature."""
-    ids, offsets = mask_to_tensors(mask, device)
+    raw_ids, raw_offsets = _mask_parts(mask)
+    ids = _to_index_tensor(raw_ids, "mask ids", device, keep_int32=True)
+    offsets = _to_index_tensor(raw_offsets, "mask offsets", device)
     tok = _token_tensor(token_ids, T, device)
     if offsets.numel() != T + 1:
         raise ValueError(f"mask covers {offsets.numel() - 1} tokens but there are {T} "
                          "positions (rows of logits / hidden); len(offsets) must be T + 1")
-    temp = _temperature_tensor(temperature, T, device, cdt, validate)
+    out = _Prepared()
+    out.temp = _temperature_tensor(temperature, T, device, cdt, validate)
+    out.temp_scalar = None if isinstance(temperature, torch.Tensor) else float(temperature)
     N = ids.numel()
     if validate:
         _check_offsets(offsets, T, N)
-    seg = _segment_ids(offsets, T, N)
+    out.seg = _segment_ids(offsets, T, N)
+    out.key = None
     if validate and T:
-        _check_contents(ids, seg, tok, temp, V, T)
-    return ids, offsets, seg, tok, temp
+        out.key = out.seg * V + ids
+        _check_contents(ids, out.seg, out.key, tok, out.temp, V, T)
+    out.ids, out.offsets, out.tok = ids, offsets, tok
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -324,18 +337,18 @@ def _prepare(T: int, V: int, token_ids, mask: MaskLike, temperature: Temperature
 # ---------------------------------------------------------------------------
 
 def _segment_logsumexp(x: torch.Tensor, seg: torch.Tensor, T: int):
-    """Per-segment logsumexp of ``x`` [N] and the softmax weights ``p`` [N].
+    """Per-segment logsumexp of ``x`` [N] (overwritten), with ``e`` and ``s``.
 
+    Returns ``(lse, e, s)``: ``e = exp(x - m[seg])`` (in ``x``'s storage) and
+    ``s`` its segment sums, so the softmax weights are ``e / s[seg]``.
     Entries equal to -inf take no part (weight 0).  O(N + T) memory.
     """
     m = torch.full((T,), -math.inf, dtype=x.dtype, device=x.device)
     m.scatter_reduce_(0, seg, x, reduce="amax", include_self=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    e = torch.exp(x - m[seg])
+    e = x.sub_(m[seg]).exp_()
     s = torch.zeros(T, dtype=x.dtype, device=x.device).index_add_(0, seg, e)
-    lse = m + torch.log(s)
-    p = e.div_(s[seg])
-    return lse, p
+    return m + torch.log(s), e, s
 
 
 def _flat_view(x: torch.Tensor) -> torch.Tensor:
@@ -359,44 +372,51 @@ def _flat_index(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torc
 class _NucleusFromLogits(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, logits, seg, ids, tok, temp):
+    def forward(ctx, logits, seg, ids, key, tok, temp, temp_scalar):
         T, V = logits.shape
         cdt = temp.dtype
+        if key is None:
+            key = seg * V + ids
         flat_logits = _flat_view(logits)
-        kept = flat_logits.index_select(0, _flat_index(logits, seg, ids)).to(cdt)
-        kept = kept.div_(temp[seg])
         rows = torch.arange(T, device=logits.device)
-        target = flat_logits.index_select(0, _flat_index(logits, rows, tok)).to(cdt) / temp
-        lse, p = _segment_logsumexp(kept, seg, T)
-        ctx.save_for_backward(seg, ids, tok, temp, p)
+        tkey = rows * V + tok
+        if logits.is_contiguous():
+            idx, tidx = key, tkey
+        else:
+            idx = _flat_index(logits, seg, ids)
+            tidx = _flat_index(logits, rows, tok)
+        kept = flat_logits.index_select(0, idx).to(cdt)
+        if temp_scalar is not None:
+            kept = kept.div_(temp_scalar)
+        else:
+            kept = kept.div_(temp[seg])
+        target = flat_logits.index_select(0, tidx).to(cdt) / temp
+        lse, e, s = _segment_logsumexp(kept, seg, T)
+        ctx.save_for_backward(seg, key, tkey, temp, e, s)
         ctx.logits_meta = (T, V, logits.dtype, logits.device)
         return target - lse
 
     @staticmethod
     def backward(ctx, grad_out):
-        seg, ids, tok, temp, p = ctx.saved_tensors
+        seg, key, tkey, temp, e, s = ctx.saved_tensors
         T, V, dtype, device = ctx.logits_meta
         if not ctx.needs_input_grad[0]:
-            return None, None, None, None, None
+            return None, None, None, None, None, None, None
         g = grad_out.to(temp.dtype) / temp                      # d out / d z, per row
-        N = ids.numel()
-        hit = ids == tok[seg]
-        # The sampled token's own +g goes on its (first) entry in the support,
-        # combined with -p*g there, so a bf16 gradient is rounded only once.
-        arange_n = torch.arange(N, device=device)
-        first = torch.full((T,), N, dtype=torch.int64, device=device)
-        first.scatter_reduce_(0, seg, torch.where(hit, arange_n, N), reduce="amin")
-        own = first[seg] == arange_n
-        coef = (own.to(g.dtype) - p) * g[seg]
+        pg = (e / s[seg]).mul_(g[seg])                          # p * g on every kept id
+        # The sampled token: +g, minus p*g for each entry equal to it.  Its
+        # entries get 0 in the index_add and the element is then set to
+        # g * (1 - q_t) in one go (q_t: its total p; 0 if absent), so a bf16
+        # gradient is rounded once and duplicate / absent tokens stay exact.
+        hit = key == tkey[seg]
+        gq = torch.zeros(T, dtype=pg.dtype, device=device).index_add_(
+            0, seg, torch.where(hit, pg, 0.0))
+        coef = torch.where(hit, 0.0, pg.neg_())
         grad = torch.zeros((T, V), dtype=dtype, device=device)
         flat = grad.view(-1)
-        flat.index_add_(0, seg * V + ids, coef.to(dtype))
-        # Rows whose sampled token is not in the support (only possible with
-        # validate=False): its +g goes on the token's own logit.
-        missing = (first == N).to(g.dtype)
-        rows = torch.arange(T, device=device)
-        flat.index_add_(0, rows * V + tok, (g * missing).to(dtype))
-        return grad, None, None, None, None
+        flat.index_add_(0, key, coef.to(dtype))
+        flat.index_put_((tkey,), (g - gq).to(dtype))
+        return grad, None, None, None, None, None, None
 
 
 def nucleus_logprobs(logits: torch.Tensor, token_ids, mask: MaskLike,
@@ -434,9 +454,9 @@ def nucleus_logprobs(logits: torch.Tensor, token_ids, mask: MaskLike,
         raise ValueError(f"logits must be a floating tensor (got {logits.dtype})")
     T, V = logits.shape
     cdt = _compute_dtype(logits)
-    ids, _offsets, seg, tok, temp = _prepare(
-        T, V, token_ids, mask, temperature, logits.device, cdt, validate)
-    return _NucleusFromLogits.apply(logits, seg, ids, tok, temp)
+    pr = _prepare(T, V, token_ids, mask, temperature, logits.device, cdt, validate)
+    return _NucleusFromLogits.apply(logits, pr.seg, pr.ids, pr.key, pr.tok, pr.temp,
+                                    pr.temp_scalar)
 
 
 def full_logprobs(logits: torch.Tensor, token_ids, temperature: Temperature = 1.0, *,
@@ -505,7 +525,7 @@ class _Layout:
         pos_target = offsets[1:] + rows
         cols_tm = torch.empty(n, dtype=torch.int64, device=device)
         segs_tm = torch.empty(n, dtype=torch.int64, device=device)
-        cols_tm[pos_support] = ids
+        cols_tm[pos_support] = ids.to(torch.int64)
         cols_tm[pos_target] = tok
         segs_tm[pos_support] = seg
         segs_tm[pos_target] = rows
@@ -576,7 +596,7 @@ def _sddmm_block(h, w_block, crow, tokens, cols, kernel: str, pair_chunk: int):
 class _NucleusFromHidden(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, layout: _Layout, temp, kernel: str,
+    def forward(ctx, hidden, weight, bias, layout: _Layout, temp, temp_scalar, kernel: str,
                 pair_chunk: int):
         cdt = temp.dtype
         T = hidden.shape[0]
@@ -592,18 +612,21 @@ class _NucleusFromHidden(torch.autograd.Function):
                                     L.cols_im[p0:p1] - v0, kernel, pair_chunk)
         if bias is not None:
             z += bias.to(cdt)[L.cols_im]
-        z.div_(temp[L.segs_im])
+        if temp_scalar is not None:
+            z.div_(temp_scalar)
+        else:
+            z.div_(temp[L.segs_im])
         target = z[L.target_im]
         # The sampled entries take no part in the normaliser (weight 0).
         x = z.masked_fill_(L.is_target_im, -math.inf)
-        lse, p = _segment_logsumexp(x, L.segs_im, T)
-        ctx.save_for_backward(hidden, weight, bias, temp, p)
+        lse, e, s = _segment_logsumexp(x, L.segs_im, T)
+        ctx.save_for_backward(hidden, weight, bias, temp, e, s)
         ctx.layout, ctx.kernel = layout, kernel
         return target - lse
 
     @staticmethod
     def backward(ctx, grad_out):
-        hidden, weight, bias, temp, p = ctx.saved_tensors
+        hidden, weight, bias, temp, e, s = ctx.saved_tensors
         L: _Layout = ctx.layout
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         cdt = temp.dtype
@@ -611,7 +634,8 @@ class _NucleusFromHidden(torch.autograd.Function):
         g = grad_out.to(cdt) / temp
         # d out / d z for every pair (id-major): +g on the sampled entry, -p*g
         # on each support entry.  All sums below run in `cdt`.
-        coef = (L.is_target_im.to(cdt) - p) * g[L.segs_im]
+        p = e / s[L.segs_im]
+        coef = (L.is_target_im.to(cdt) - p).mul_(g[L.segs_im])
         coef_h = coef[L.im_of_h] if need_h else None
         h = hidden.to(cdt) if need_w else None
         grad_h = grad_w = grad_b = None
@@ -642,7 +666,7 @@ class _NucleusFromHidden(torch.autograd.Function):
             grad_b = grad_b.to(bias.dtype)
         if grad_h is not None:
             grad_h = grad_h.to(hidden.dtype)
-        return grad_h, grad_w, grad_b, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None
 
 
 def nucleus_logprobs_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Tensor,
@@ -662,10 +686,11 @@ def nucleus_logprobs_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Ten
         lm_head_weight: ``[V, H]`` output projection (tied embeddings work).
         token_ids, mask, temperature, validate: as in :func:`nucleus_logprobs`.
         bias: optional ``[V]`` output bias.
-        chunk_size: vocabulary rows processed at once (and gathered weight
-            rows per step on non-CPU devices).  Default: 256 MiB of float32,
-            ``256 MiB // (4 * H)`` rows.  On CPU, a float32 (float64) weight
-            is used in place without blocking, since nothing is copied.
+        chunk_size: vocabulary rows converted to the compute dtype at once,
+            and weight rows gathered per step by the non-CPU kernel.
+            Default: 256 MiB of float32, ``256 MiB // (4 * H)`` rows.  On CPU
+            a weight already in the compute dtype (float32, float64) is read
+            in place as one block unless ``chunk_size`` is given.
 
     Returns:
         ``[T]`` float32 tensor (float64 for float64 inputs), differentiable
@@ -693,8 +718,7 @@ def nucleus_logprobs_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Ten
         raise ValueError(f"chunk_size must be a positive integer (got {chunk_size})")
     device = hidden.device
     cdt = _compute_dtype(hidden, lm_head_weight, bias)
-    ids, offsets, seg, tok, temp = _prepare(
-        T, V, token_ids, mask, temperature, device, cdt, validate)
+    pr = _prepare(T, V, token_ids, mask, temperature, device, cdt, validate)
     kernel = _kernel(device)
     budget_rows = max(1, _DEFAULT_CHUNK_BYTES // (4 * max(H, 1)))
     if chunk_size is not None:
@@ -703,10 +727,10 @@ def nucleus_logprobs_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Ten
         chunk = max(V, 1)
     else:
         chunk = budget_rows
-    layout = _Layout(ids, offsets, seg, tok, T, V, chunk)
+    layout = _Layout(pr.ids, pr.offsets, pr.seg, pr.tok, T, V, chunk)
     pair_chunk = max(1, min(chunk, budget_rows) // 2)
-    return _NucleusFromHidden.apply(hidden, lm_head_weight, bias, layout, temp, kernel,
-                                    pair_chunk)
+    return _NucleusFromHidden.apply(hidden, lm_head_weight, bias, layout, pr.temp,
+                                    pr.temp_scalar, kernel, pair_chunk)
 
 
 # ---------------------------------------------------------------------------
@@ -749,4 +773,6 @@ def importance_ratio(new_logprobs: torch.Tensor, old_logprobs,
             raise ValueError("clip must be None, a float or a pair (low, high)") from exc
         if low is not None and high is not None and low > high:
             raise ValueError(f"clip low {low} is above clip high {high}")
+    if low is None and high is None:
+        return ratio
     return torch.clamp(ratio, min=low, max=high)
