@@ -108,3 +108,21 @@ def test_wheel_carries_the_site_hook_and_the_demo_model(tmp_path):
     assert "vllm_sampling_mask/demo_model/model.safetensors" in names
     record = next(n for n in names if n.endswith(".dist-info/RECORD"))
     assert "vllm_sampling_mask.pth,sha256=" in zipfile.ZipFile(wheel).read(record).decode()
+
+
+def test_aggregated_delta_outputs_join_their_masks():
+    # A DELTA consumer that falls behind gets outputs merged by RequestOutput.add.
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    from vllm_sampling_mask import SamplingMask
+
+    def delta(tokens, supports, finished):
+        c = CompletionOutput(index=0, text="", token_ids=tokens, cumulative_logprob=None,
+                             logprobs=None, sampling_mask=SamplingMask.from_lists(supports))
+        return RequestOutput("r", None, [1], None, [c], finished)
+
+    merged = delta([5], [[5, 9]], False)
+    merged.add(delta([7, 8], [[7], [1, 8]], True), aggregate=True)
+    c = merged.outputs[0]
+    assert c.token_ids == [5, 7, 8]
+    assert c.sampling_mask.token_ids == [[5, 9], [7], [1, 8]]
