@@ -4,8 +4,9 @@ Two parts, each reporting a ratio (machines are noisy; absolute times are not
 the point):
 
 1. engine: the same seeded workload through `LLM.generate` on Model Runner V2,
-   with `return_sampling_mask` off and on, each engine in its own process,
-   alternating runs; prints output tokens/s and the on/off throughput ratio.
+   with `return_sampling_mask` off and on, each engine in its own process, one
+   after the other in the same run; prints output tokens/s (median of the
+   repeats) and the on/off throughput ratio.
 2. sampler: the device-side work the mask adds to one sampler step
    (`extract_support` on the processed logits) against the step's own top-k/top-p
    and sampling, at a real vocabulary size.
