@@ -54,19 +54,23 @@ class StepMasks:
 class MaskCopy:
     """An in-flight device-to-host copy of one step's `DeviceMask`."""
 
+    _packed = None
+
     def __init__(self, mask: DeviceMask, ring: PinnedRing | None) -> None:
         self._device = mask
         rows, width = mask.ids.shape
-        if mask.ids.device.type == "cpu":
-            self._host = torch.cat([mask.counts.view(-1, 1), mask.ids], dim=1)
+        # One [R, 1 + W] int32 block: counts in column 0, then the ids.
+        packed = torch.cat([mask.counts.view(-1, 1), mask.ids], dim=1)
+        if packed.device.type == "cpu":
+            self._host = packed
+            return
+        if ring is not None:
+            host = ring.take(packed.numel()).view(rows, width + 1)
+            host.copy_(packed, non_blocking=True)
         else:
-            packed = torch.cat([mask.counts.view(-1, 1), mask.ids], dim=1)
-            if ring is not None:
-                host = ring.take(packed.numel()).view(rows, width + 1)
-                host.copy_(packed, non_blocking=True)
-            else:
-                host = packed.to("cpu", non_blocking=True)
-            self._host = host
+            host = packed.to("cpu", non_blocking=True)
+        self._packed = packed  # keep the source alive until the copy is read
+        self._host = host
 
     def result(self, num_sampled: np.ndarray | None = None) -> StepMasks:
         """Read the copy (after the runner's copy event has completed).
@@ -88,5 +92,5 @@ class MaskCopy:
             ids = wide
         if num_sampled is not None:
             counts[np.asarray(num_sampled)[: len(counts)] == 0] = 0
-        self._device = None  # release the device tensors
+        self._device = self._packed = None  # release the device tensors
         return StepMasks(ids=ids, counts=counts)
