@@ -6,8 +6,8 @@ import torch
 
 from vllm_sampling_mask import SamplingMask
 from vllm_sampling_mask.accumulator import MaskAccumulator
-from vllm_sampling_mask.extraction import (TIE_MARGIN, extract_support,
-                                           support_of_row, support_width)
+from vllm_sampling_mask.extraction import (MAX_WIDTH, TIE_MARGIN, extract_support,
+                                           support_width)
 from vllm_sampling_mask.transport import MaskCopy
 from vllm_sampling_mask.validation import request_error, startup_errors
 
@@ -65,15 +65,33 @@ def test_ties_beyond_width_are_recovered_on_the_host():
     logits[1, 10:10 + 5 + TIE_MARGIN + 40] = 1.0   # top-k=5 keeps 61 ties
     mask = extract_support(logits, support_width(5, vocab))
     assert mask.counts.tolist() == [5, 5 + TIE_MARGIN + 40]
-    host = MaskCopy(mask, ring=None).result(np.array([1, 1]))
+    host = MaskCopy(mask, pool=None).result(np.array([1, 1]))
     assert host.row(0).tolist() == [0, 1, 2, 3, 4]
     assert host.row(1).tolist() == list(range(10, 10 + 5 + TIE_MARGIN + 40))
-    assert host.row(1).tolist() == support_of_row(logits[1]).tolist()
+
+
+def test_width_is_capped_and_wider_supports_stay_exact():
+    vocab = 5000
+    assert support_width(vocab, vocab) == MAX_WIDTH
+    logits = torch.randn(2, vocab)
+    logits[1, ::2] = float("-inf")          # 2500 finite ids > MAX_WIDTH
+    host = MaskCopy(extract_support(logits, support_width(vocab, vocab)),
+                    pool=None).result(np.array([1, 1]))
+    assert host.row(0).tolist() == list(range(vocab))
+    assert host.row(1).tolist() == list(range(1, vocab, 2))
+
+
+def test_nan_logits_cannot_push_support_ids_out():
+    logits = torch.full((1, 50), float("-inf"))
+    logits[0, [3, 7]] = 1.0
+    logits[0, 10:40] = float("nan")         # excluded, and must not outrank 3 and 7
+    host = MaskCopy(extract_support(logits, 4), pool=None).result(np.array([1]))
+    assert host.row(0).tolist() == [3, 7]
 
 
 def test_rows_that_sampled_nothing_are_empty():
     logits = _processed(rows=3)
-    host = MaskCopy(extract_support(logits, 21), ring=None).result(np.array([1, 0, 1]))
+    host = MaskCopy(extract_support(logits, 21), pool=None).result(np.array([1, 0, 1]))
     assert len(host.row(1)) == 0 and len(host.row(0)) == 5 and len(host.row(2)) == 5
 
 

@@ -22,6 +22,7 @@ from vllm_sampling_mask import UPSTREAM_VERSION, __version__
 _lock = threading.RLock()
 _hooks_installed = False
 _version_checked = False
+_version_error: UpstreamVersionError | None = None  # sticky: refuse every later patch
 APPLIED: list[str] = []  # patch names, in the order applied in this process
 
 
@@ -45,8 +46,12 @@ def check_upstream_version(found: str) -> None:
 
 
 def _on_vllm_version(module) -> None:
-    global _version_checked
-    check_upstream_version(getattr(module, "__version__", "unknown"))
+    global _version_checked, _version_error
+    try:
+        check_upstream_version(getattr(module, "__version__", "unknown"))
+    except UpstreamVersionError as exc:
+        _version_error = exc
+        raise
     _version_checked = True
 
 
@@ -63,6 +68,8 @@ def apply_patch(name: str) -> bool:
         from vllm_sampling_mask.patches import REGISTRY
 
         if REGISTRY[name].startswith("vllm"):
+            if _version_error is not None:
+                raise _version_error
             _ensure_version_checked()
 
         patch = importlib.import_module(f"vllm_sampling_mask.patches.{name}")

@@ -5,39 +5,47 @@ output copy stream, beside the sampled token ids, and read when the runner's
 asynchronous output is resolved (after its copy event), so it adds no host
 synchronisation to the sampler's hot path.
 
-Pinned staging: on platforms with pinned memory, the copy lands in a
-reusable page-locked buffer (a small ring, since asynchronous scheduling
-keeps up to two steps in flight), so the copy is truly asynchronous and no
-page-locked allocation happens per step. `StepMasks` copies the rows out of
-the staging buffer when the output is resolved.
+Pinned staging: on platforms with pinned memory the copy lands in a reusable
+page-locked buffer from `PinnedPool`, so it is truly asynchronous and no
+page-locked allocation happens per step. A buffer is handed out only while
+free and returns to the pool when its copy has been read, so any number of
+steps in flight (asynchronous scheduling, pipeline parallelism) is safe.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from vllm_sampling_mask.extraction import DeviceMask, support_of_row
+from vllm_sampling_mask.extraction import DeviceMask
 
 
-class PinnedRing:
-    """A few reusable page-locked int32 buffers, handed out round-robin."""
+class PinnedPool:
+    """Reusable page-locked int32 buffers; one per copy in flight.
 
-    def __init__(self, slots: int = 4) -> None:
-        self._slots: list[torch.Tensor | None] = [None] * slots
-        self._next = 0
+    `take` runs on the runner's thread, `give_back` wherever the output is
+    resolved (an output thread under asynchronous scheduling): hence the lock.
+    """
+
+    def __init__(self) -> None:
+        self._free: list[torch.Tensor] = []
+        self._lock = threading.Lock()
 
     def take(self, numel: int) -> torch.Tensor:
-        i = self._next
-        self._next = (i + 1) % len(self._slots)
-        buf = self._slots[i]
-        if buf is None or buf.numel() < numel:
-            buf = torch.empty(max(numel, 2 * (buf.numel() if buf is not None else 0)),
-                              dtype=torch.int32, pin_memory=True)
-            self._slots[i] = buf
-        return buf[:numel]
+        with self._lock:
+            for i, buf in enumerate(self._free):
+                if buf.numel() >= numel:
+                    return self._free.pop(i)
+            if self._free:  # all too small: drop the smallest, allocate bigger
+                self._free.remove(min(self._free, key=torch.Tensor.numel))
+        return torch.empty(max(numel, 4096), dtype=torch.int32, pin_memory=True)
+
+    def give_back(self, buf: torch.Tensor) -> None:
+        with self._lock:
+            self._free.append(buf)
 
 
 @dataclass
@@ -46,51 +54,55 @@ class StepMasks:
 
     ids: np.ndarray      # [R, W] int32, ascending then -1
     counts: np.ndarray   # [R] int32
+    wide: dict[int, np.ndarray]  # rows wider than W, read exactly
 
     def row(self, i: int) -> np.ndarray:
+        wide = self.wide.get(i)
+        if wide is not None:
+            return wide
         return self.ids[i, : self.counts[i]]
 
 
 class MaskCopy:
     """An in-flight device-to-host copy of one step's `DeviceMask`."""
 
-    _packed = None
-
-    def __init__(self, mask: DeviceMask, ring: PinnedRing | None) -> None:
-        self._device = mask
+    def __init__(self, mask: DeviceMask, pool: PinnedPool | None) -> None:
+        self._finite = mask.finite
+        self._pool = pool
+        self._buffer = None
         rows, width = mask.ids.shape
         # One [R, 1 + W] int32 block: counts in column 0, then the ids.
         packed = torch.cat([mask.counts.view(-1, 1), mask.ids], dim=1)
+        self._packed = packed  # keep the source alive until the copy is read
         if packed.device.type == "cpu":
             self._host = packed
-            return
-        if ring is not None:
-            host = ring.take(packed.numel()).view(rows, width + 1)
-            host.copy_(packed, non_blocking=True)
+        elif pool is not None:
+            self._buffer = pool.take(packed.numel())
+            self._host = self._buffer[: packed.numel()].view(rows, width + 1)
+            self._host.copy_(packed, non_blocking=True)
         else:
-            host = packed.to("cpu", non_blocking=True)
-        self._packed = packed  # keep the source alive until the copy is read
-        self._host = host
+            self._host = packed.to("cpu", non_blocking=True)
 
     def result(self, num_sampled: np.ndarray | None = None) -> StepMasks:
         """Read the copy (after the runner's copy event has completed).
 
         Rows whose request produced no token this step (`num_sampled == 0`,
         e.g. a chunked prefill) get count 0. Rows wider than the compacted
-        width are re-read from the retained logits: exact, and rare.
+        width are read exactly from the retained `finite` mask, in one call.
         """
         host = self._host.numpy()
         counts = host[:, 0].copy()
         ids = host[:, 1:].copy()
-        width = ids.shape[1]
-        over = np.nonzero(counts > width)[0]
-        if len(over):
-            wide = np.full((ids.shape[0], int(counts.max())), -1, dtype=np.int32)
-            wide[:, :width] = ids
-            for r in over.tolist():
-                wide[r, : counts[r]] = support_of_row(self._device.logits[r]).cpu().numpy()
-            ids = wide
+        if self._buffer is not None:
+            self._pool.give_back(self._buffer)
         if num_sampled is not None:
             counts[np.asarray(num_sampled)[: len(counts)] == 0] = 0
-        self._device = self._packed = None  # release the device tensors
-        return StepMasks(ids=ids, counts=counts)
+        wide = {}
+        over = np.nonzero(counts > ids.shape[1])[0]
+        if len(over):
+            rows = torch.as_tensor(over, device=self._finite.device)
+            nz = torch.nonzero(self._finite[rows]).cpu().numpy()
+            for j, r in enumerate(over.tolist()):
+                wide[r] = nz[nz[:, 0] == j, 1].astype(np.int32)
+        self._finite = self._packed = self._buffer = self._host = None
+        return StepMasks(ids=ids, counts=counts, wide=wide)

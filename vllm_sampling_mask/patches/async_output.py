@@ -3,11 +3,12 @@
 What: wraps `AsyncOutput.__init__` and `AsyncOutput.get_output` in
     `vllm/v1/worker/gpu/async_utils.py`. `__init__` starts the copy of the
     sampler output's compacted mask on the output copy stream *before* the
-    upstream copies, so the copy event upstream records covers it too (on CUDA
-    through a reusable pinned ring buffer). `get_output`, after that event,
-    puts the host rows on the `ModelRunnerOutput` as `.sampling_masks`
-    (`transport.StepMasks`, one row per `req_ids` entry; rows that sampled no
-    token this step are empty).
+    upstream copies, so the copy event upstream records covers it too (on
+    CUDA through reusable pinned buffers, one per copy in flight), and drops
+    the sampler output's reference to the device mask. `get_output`, after
+    that event, puts the host rows on the `ModelRunnerOutput` as
+    `.sampling_masks` (`transport.StepMasks`, one row per `req_ids` entry;
+    rows that sampled no token this step are empty).
 Why: this is the runner's existing asynchronous device-to-host path, so the
     mask adds no host synchronisation to the sampler's hot path.
 Remove when: upstream carries the mask in `ModelRunnerOutput`.
@@ -17,14 +18,14 @@ from __future__ import annotations
 
 import functools
 
-from vllm_sampling_mask.transport import MaskCopy, PinnedRing
+from vllm_sampling_mask.transport import MaskCopy, PinnedPool
 
 
 def apply(module) -> None:
     AsyncOutput = module.AsyncOutput
     original_init = AsyncOutput.__init__
     original_get_output = AsyncOutput.get_output
-    ring = PinnedRing()
+    pool = PinnedPool()
 
     @functools.wraps(original_init)
     def __init__(self, model_runner_output, sampler_output, num_sampled_tokens,
@@ -35,7 +36,8 @@ def apply(module) -> None:
             with module.stream(copy_stream, main_stream):
                 copy_stream.wait_stream(main_stream)
                 on_cuda = mask.ids.device.type == "cuda"
-                self._mask_copy = MaskCopy(mask, ring if on_cuda else None)
+                self._mask_copy = MaskCopy(mask, pool if on_cuda else None)
+            sampler_output.sampling_mask = None  # MaskCopy holds what it needs
         original_init(self, model_runner_output, sampler_output, num_sampled_tokens,
                       main_stream, copy_stream, *args, **kwargs)
 

@@ -29,7 +29,8 @@ def apply(module) -> None:
     def add(self, next_output, aggregate):
         if not aggregate:
             return original_add(self, next_output, aggregate)
-        before = {c.index: c.sampling_mask for c in self.outputs}
+        before = {c.index: c.sampling_mask if c.sampling_mask is not None or c.token_ids
+                  else SamplingMask.from_lists([]) for c in self.outputs}
         original_add(self, next_output, aggregate)
         for nxt in next_output.outputs:
             old = before.get(nxt.index)

@@ -21,7 +21,10 @@ from vllm_sampling_mask.accumulator import MaskAccumulator
 
 
 def apply(module) -> None:
+    from vllm.logger import init_logger
     from vllm.sampling_params import RequestOutputKind
+
+    logger = init_logger(__name__)
 
     OutputProcessor = module.OutputProcessor
     RequestState = module.RequestState
@@ -48,11 +51,14 @@ def apply(module) -> None:
         output = original_completion(self, token_ids, *args, **kwargs)
         acc = getattr(self, "sampling_masks", None)
         if acc is not None:
-            n = len(output.token_ids)
-            if self.output_kind == RequestOutputKind.DELTA:
-                output.sampling_mask = acc.mask(len(acc) - n, len(acc))
+            n, have = len(output.token_ids), len(acc)
+            first, last = (have - n, have) if self.output_kind == RequestOutputKind.DELTA \
+                else (0, n)
+            if first < 0 or last > have:
+                logger.error("sampling mask: request %s has %d masks for %d tokens; "
+                             "returning no mask", self.request_id, have, last)
             else:
-                output.sampling_mask = acc.mask(0, n)
+                output.sampling_mask = acc.mask(first, last)
         return output
 
     OutputProcessor.process_outputs = process_outputs
