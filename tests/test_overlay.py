@@ -54,7 +54,8 @@ def test_opt_out_gives_stock_vllm():
         import dataclasses, sys
         from vllm import EngineArgs
         import vllm.v1.engine.core_client as cc
-        assert "vllm_sampling_mask.patching" not in sys.modules
+        from vllm_sampling_mask import patching
+        assert patching.APPLIED == [] and "wrapt" not in sys.modules
         assert cc.EngineCoreOutputs.__name__ == "EngineCoreOutputs"
         try:
             EngineArgs(model="m", return_sampling_mask=True)

@@ -3,12 +3,11 @@
 It only registers post-import hooks (nothing of vLLM or torch is imported
 here), so interpreters that never import vLLM pay almost nothing. Spawned
 engine-core and worker processes run this too, which is what makes the
-overlay active in every process vLLM starts.
+overlay active in every process vLLM starts. VLLM_SAMPLING_MASK_DISABLE=1
+leaves stock vLLM untouched.
 """
 
-import os
+from vllm_sampling_mask.patching import disabled, install_hooks
 
-if os.environ.get("VLLM_SAMPLING_MASK_DISABLE", "") not in ("1", "true", "True"):
-    from vllm_sampling_mask.patching import install_hooks
-
+if not disabled():
     install_hooks()
