@@ -6,7 +6,7 @@ standard library's own source (present on every machine the project runs on).
 Seeded and single-threaded in its data order, so a rerun gives the same corpus,
 tokenizer and (up to float reduction order) the same weights.
 
-    python scripts/train_demo_model.py            # ~10 minutes on 2 cores
+    python scripts/train_demo_model.py            # ~25-30 minutes on 2 cores
     python scripts/train_demo_model.py --steps 50 --out /tmp/demo   # smoke run
 
 It prints the mean next-token entropy of the trained model on held-out text
@@ -74,7 +74,7 @@ def build_model(tokenizer):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)

@@ -228,24 +228,38 @@ def test_sampling_parameters_act_under_mrv2(llm, tokenizer):
 
 
 def test_penalties_lower_a_repeated_tokens_logprob(llm):
+    """Each penalty lowers a penalised token's logprob relative to an unpenalised one.
+
+    Processed logprobs are renormalised over the support, so a penalised token is
+    compared with an unpenalised token `q` of the same step: the normaliser cancels.
+    """
     prompt = "x = x + x + x + x + x + x + x"
-    def step_logprobs(**pen):
+
+    def run(**pen):
         sp = SamplingParams(temperature=1.0, top_k=64, max_tokens=2, seed=5, logprobs=64,
                             **pen)
-        c = llm.generate([prompt], sp)[0].outputs[0]
-        return c.token_ids, [{k: v.logprob for k, v in lp.items()} for lp in c.logprobs]
+        out = llm.generate([prompt], sp)[0]
+        c = out.outputs[0]
+        return out.prompt_token_ids, c.token_ids, [
+            {k: v.logprob for k, v in lp.items()} for lp in c.logprobs]
 
-    tokens, base = step_logprobs()
-    first = tokens[0]
+    def gap(lp, p, q):
+        return lp.get(p, -math.inf) - lp[q]
+
+    prompt_ids, tokens, base = run()
     # repetition_penalty acts on prompt tokens from the first step on
-    _, rep = step_logprobs(repetition_penalty=2.0)
-    assert rep[0].get(first, -math.inf) < base[0][first]
+    p = max((t for t in base[0] if t in prompt_ids), key=base[0].get)
+    q = max((t for t in base[0] if t not in prompt_ids), key=base[0].get)
+    _, _, rep = run(repetition_penalty=2.0)
+    assert gap(rep[0], p, q) < gap(base[0], p, q)
     # presence/frequency act on output tokens: the first token, at the second step
+    first = tokens[0]
+    q = max((t for t in base[1] if t != first), key=base[1].get)
     for pen in (dict(presence_penalty=2.0), dict(frequency_penalty=2.0)):
-        toks, lp = step_logprobs(**pen)
-        assert toks[0] == first
+        _, toks, lp = run(**pen)
+        assert toks[0] == first      # the first step has no output to penalise
         if first in base[1]:
-            assert lp[1].get(first, -math.inf) < base[1][first]
+            assert gap(lp[1], first, q) < gap(base[1], first, q)
         else:
             assert first not in lp[1]
 

@@ -13,6 +13,7 @@ REGISTRY: dict[str, str] = {
     "interpreter_top_k_top_p": "vllm.v1.sample.ops.topk_topp_sampler",
     "interpreter_libdevice": "vllm.v1.worker.gpu.sample.gumbel",
     "interpreter_patch_cache": "triton.runtime.interpreter",
+    "interpreter_dummy_run": "vllm.v1.worker.gpu.model_runner",
     # The engine flag and its validation.
     "model_config": "vllm.config.model",
     "engine_args": "vllm.engine.arg_utils",

@@ -6,7 +6,10 @@ What: in `vllm/entrypoints/scale_out/token_in_token_out/serving.py`, swaps
     by its declared item type, so the response class is swapped too), fills it
     from each final `CompletionOutput`, and checks a request's sampling
     parameters before generation starts (a 400 for streaming requests too,
-    instead of an error event after a 200). Streaming chunks are unchanged.
+    instead of an error event after a 200). With the flag on, a non-streaming
+    request runs with FINAL_ONLY outputs, so `n > 1` returns every choice
+    (upstream's cumulative outputs keep only the children that finished in the
+    last step). Streaming chunks are unchanged.
 Why: the token-in/token-out endpoint is the RL trainers' way in.
 Remove when: upstream returns the mask from this endpoint.
 """
@@ -20,6 +23,8 @@ from vllm_sampling_mask.errors import SamplingMaskRequestError, check_request
 
 
 def apply(module) -> None:
+    from vllm.sampling_params import RequestOutputKind
+
     class GenerateResponseChoice(module.GenerateResponseChoice):
         sampling_mask: list[list[int]] | None = None
 
@@ -35,11 +40,16 @@ def apply(module) -> None:
 
     @functools.wraps(original_serve)
     async def serve_tokens(self, request, raw_request=None):
-        if mask_enabled(self.engine_client.vllm_config) and request.sampling_params:
+        params = request.sampling_params
+        if mask_enabled(self.engine_client.vllm_config) and params:
             try:
-                check_request(request.sampling_params)
+                check_request(params)
             except SamplingMaskRequestError as exc:
                 return self.create_error_response(exc)
+            if not request.stream:
+                # One final output holding every child of n > 1: upstream's
+                # cumulative outputs carry only the children that finished last.
+                params.output_kind = RequestOutputKind.FINAL_ONLY
         return await original_serve(self, request, raw_request)
 
     @functools.wraps(original_full)

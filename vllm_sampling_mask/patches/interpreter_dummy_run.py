@@ -1,0 +1,32 @@
+"""Keep MRv2's memory-profiling sampler run finite under Triton's interpreter.
+
+What: under TRITON_INTERPRET=1, wraps `GPUModelRunner._dummy_sampler_run`
+    (vllm/v1/worker/gpu/model_runner.py) to replace non-finite values in the
+    dummy hidden states with zeros before upstream computes logits and samples.
+Why: the profiling run feeds the model uninitialised buffers; on a GPU the
+    resulting NaN logits pass through the Gumbel kernel harmlessly, but the
+    interpreter's `tl.max(..., return_indices=True)` raises "All-NaN slice
+    encountered", so engine start-up failed at random on CPU hosts.
+Remove when: upstream initialises its dummy inputs, or the interpreter
+    tolerates NaN in argmax.
+"""
+
+import functools
+
+from vllm_sampling_mask.interpreter import triton_interpreter_on
+
+
+def apply(module) -> None:
+    if not triton_interpreter_on():
+        return
+    import torch
+
+    Runner = module.GPUModelRunner
+    original = Runner._dummy_sampler_run
+
+    @functools.wraps(original)
+    def _dummy_sampler_run(self, hidden_states, *args, **kwargs):
+        return original(self, torch.nan_to_num(hidden_states, nan=0.0, posinf=0.0,
+                                               neginf=0.0), *args, **kwargs)
+
+    Runner._dummy_sampler_run = _dummy_sampler_run
