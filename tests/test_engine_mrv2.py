@@ -146,12 +146,16 @@ def test_replay_fidelity_of_processed_logprobs(llm, hf_model):
 
 def test_stops_max_tokens_and_n(llm, tokenizer):
     vocab = len(tokenizer)
-    newline = prompt_ids(tokenizer, "\n")[-1]
     base = dict(temperature=1.0, top_k=30, seed=7)
+    # A seeded request replays its tokens: stopping on its 4th token must cut there.
+    free = llm.generate([PROMPTS[2]], SamplingParams(**base, max_tokens=8,
+                                                     ignore_eos=True))[0].outputs[0]
+    stop_id = free.token_ids[3]
+    cut = free.token_ids.index(stop_id) + 1
     params = [
         SamplingParams(**base, max_tokens=5),
         SamplingParams(**base, max_tokens=60, stop=["("]),
-        SamplingParams(**base, max_tokens=60, stop_token_ids=[newline]),
+        SamplingParams(**base, max_tokens=60, stop_token_ids=[stop_id], ignore_eos=True),
         SamplingParams(**base, max_tokens=30, ignore_eos=True),
         SamplingParams(temperature=1.0, top_k=30, max_tokens=12, n=3),
     ]
@@ -159,8 +163,9 @@ def test_stops_max_tokens_and_n(llm, tokenizer):
     assert len(outs[0].outputs[0].token_ids) == 5
     assert len(outs[3].outputs[0].token_ids) == 30
     stopped = outs[2].outputs[0]
-    if stopped.finish_reason == "stop":
-        assert stopped.token_ids[-1] == newline
+    assert stopped.finish_reason == "stop"
+    assert stopped.token_ids == free.token_ids[:cut]
+    assert stopped.sampling_mask.token_ids == free.sampling_mask.token_ids[:cut]
     assert len(outs[4].outputs) == 3
     for out in outs:
         for c in out.outputs:

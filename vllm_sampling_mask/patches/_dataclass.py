@@ -17,7 +17,6 @@ _GENERATED = ("__init__", "__repr__", "__eq__", "__match_args__")
 def add_field(cls: type, name: str, annotation, default, subclasses=()) -> None:
     if name in {f.name for f in dataclasses.fields(cls)}:
         return
-    params = cls.__dataclass_params__
     cls.__annotations__ = {**cls.__dict__.get("__annotations__", {}), name: annotation}
     setattr(cls, name, dataclasses.field(default=default))
     for klass in (cls, *subclasses):
@@ -33,7 +32,6 @@ def add_field(cls: type, name: str, annotation, default, subclasses=()) -> None:
         dataclasses.dataclass(klass, init=p.init, repr=p.repr, eq=p.eq,
                               order=p.order, unsafe_hash=p.unsafe_hash,
                               frozen=p.frozen)
-    assert params.init
 
 
 def _generated(member) -> bool:
