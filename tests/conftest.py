@@ -93,3 +93,13 @@ def reference_support(logits_row: torch.Tensor, temperature: float, top_k: int,
     surely_in = set(torch.nonzero(keep & ~near).view(-1).tolist())
     surely_out = set(torch.nonzero(~keep & ~near).view(-1).tolist())
     return surely_in, surely_out
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests run only where CUDA is available; elsewhere they are deselected."""
+    if torch.cuda.is_available():
+        return
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if not item.get_closest_marker("gpu")]

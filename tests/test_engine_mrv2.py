@@ -276,3 +276,40 @@ def test_bad_requests_fail_alone_and_the_engine_keeps_serving(llm):
         llm.generate(["x"], SamplingParams(temperature=1.0))
     out = llm.generate(["x"], SamplingParams(temperature=1.0, top_k=5, max_tokens=3))
     assert len(out[0].outputs[0].sampling_mask) == 3
+
+
+def _set_extraction_globals(worker, values):
+    """Runs in the worker: set `extraction` module globals, return the old ones."""
+    from vllm_sampling_mask import extraction
+    old = {k: getattr(extraction, k) for k in values}
+    for k, v in values.items():
+        setattr(extraction, k, v)
+    return old
+
+
+def test_a_row_the_mask_cannot_describe_ends_only_its_request(llm):
+    """Force wide rows with a single wide-row slot in the worker: a tie margin of
+    -15 makes the width top_k - 15 < top_k (so every row is unexpectedly wide)
+    and one spare slot lets only one row of each step through exactly."""
+    params = [SamplingParams(temperature=1.0, top_k=20, max_tokens=6, ignore_eos=True,
+                             seed=900 + i) for i in range(3)]
+    clean = [o.outputs[0] for o in llm.generate(PROMPTS[:3], params)]
+    (old,) = llm.collective_rpc(_set_extraction_globals,
+                                args=({"TIE_MARGIN": -15, "SPARE_WIDE_SLOTS": 1},))
+    try:
+        faulty = [o.outputs[0] for o in llm.generate(PROMPTS[:3], params)]
+    finally:
+        llm.collective_rpc(_set_extraction_globals, args=(old,))
+    ended = [c for c in faulty if c.finish_reason == "error"]
+    served = [c for c in faulty if c.finish_reason != "error"]
+    assert len(ended) == 2 and len(served) == 1
+    for c in ended:
+        assert "wide-row slot" in c.sampling_mask_error
+        assert c.token_ids == [] or len(c.sampling_mask) == len(c.token_ids)
+    (ok,) = served
+    want = clean[faulty.index(ok)]
+    assert ok.sampling_mask_error is None
+    assert ok.token_ids == want.token_ids and ok.sampling_mask == want.sampling_mask
+    # The engine goes on serving, exactly as before.
+    again = llm.generate(PROMPTS[:3], params)
+    assert [o.outputs[0].sampling_mask for o in again] == [c.sampling_mask for c in clean]

@@ -6,8 +6,8 @@ import torch
 
 from vllm_sampling_mask import SamplingMask
 from vllm_sampling_mask.accumulator import MaskAccumulator
-from vllm_sampling_mask.extraction import (MAX_WIDTH, TIE_MARGIN, extract_support,
-                                           support_width)
+from vllm_sampling_mask.extraction import (MAX_WIDTH, SPARE_WIDE_SLOTS, TIE_MARGIN,
+                                           extract_support, plan_layout)
 from vllm_sampling_mask.transport import MaskCopy
 from vllm_sampling_mask.validation import request_error, startup_errors
 
@@ -48,14 +48,19 @@ def _processed(rows=6, vocab=97, k=5, seed=0):
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
+def _host(logits, top_k, num_sampled=None, **layout_kwargs):
+    layout = plan_layout(top_k, logits.shape[1], **layout_kwargs)
+    sampled = np.ones(len(logits)) if num_sampled is None else num_sampled
+    return MaskCopy(extract_support(logits, layout), pool=None).result(sampled)
+
+
 def test_extract_support_equals_isfinite_rows():
     logits = _processed()
-    mask = extract_support(logits, support_width(5, logits.shape[1]))
+    host = _host(logits, [5] * 6)
     for r in range(logits.shape[0]):
         want = torch.nonzero(torch.isfinite(logits[r])).view(-1).tolist()
-        got = mask.ids[r, : mask.counts[r]].tolist()
-        assert got == want
-        assert (mask.ids[r, mask.counts[r]:] == -1).all()
+        assert host.row(r).tolist() == want
+        assert (host.ids[r, host.counts[r]:] == -1).all()
 
 
 def test_ties_beyond_width_are_recovered_on_the_host():
@@ -63,35 +68,69 @@ def test_ties_beyond_width_are_recovered_on_the_host():
     logits = torch.full((2, vocab), float("-inf"))
     logits[0, :5] = torch.tensor([3.0, 2.0, 1.0, 0.5, 0.2])
     logits[1, 10:10 + 5 + TIE_MARGIN + 40] = 1.0   # top-k=5 keeps 61 ties
-    mask = extract_support(logits, support_width(5, vocab))
-    assert mask.counts.tolist() == [5, 5 + TIE_MARGIN + 40]
-    host = MaskCopy(mask, pool=None).result(np.array([1, 1]))
+    host = _host(logits, [5, 5])
+    assert host.counts.tolist() == [5, 5 + TIE_MARGIN + 40]
     assert host.row(0).tolist() == [0, 1, 2, 3, 4]
     assert host.row(1).tolist() == list(range(10, 10 + 5 + TIE_MARGIN + 40))
+    assert host.problem(1, 12) is None
 
 
 def test_width_is_capped_and_wider_supports_stay_exact():
     vocab = 5000
-    assert support_width(vocab, vocab) == MAX_WIDTH
+    assert plan_layout([vocab], vocab).width == MAX_WIDTH
     logits = torch.randn(2, vocab)
     logits[1, ::2] = float("-inf")          # 2500 finite ids > MAX_WIDTH
-    host = MaskCopy(extract_support(logits, support_width(vocab, vocab)),
-                    pool=None).result(np.array([1, 1]))
+    host = _host(logits, [vocab, vocab])
     assert host.row(0).tolist() == list(range(vocab))
     assert host.row(1).tolist() == list(range(1, vocab, 2))
+
+
+def test_layout_sizes_slots_from_the_requests_top_k():
+    vocab = 100_000
+    small = plan_layout([50] * 64, vocab)
+    assert (small.width, small.slots) == (50 + TIE_MARGIN, SPARE_WIDE_SLOTS)
+    mixed = plan_layout([50] * 60 + [0] * 4, vocab)   # 0: no top-k
+    assert (mixed.width, mixed.slots) == (MAX_WIDTH, 4 + SPARE_WIDE_SLOTS)
+    worst = plan_layout([50] * 64, vocab, worst_case=True)
+    assert (worst.width, worst.slots) == (MAX_WIDTH, 64)
+    # The bound the profiling run reserves: R x (4 W + V / 8) bytes plus O(R).
+    assert worst.numel * 4 <= 64 * (4 * MAX_WIDTH + vocab / 8) + 64 * 16
+
+
+def test_a_wide_row_without_a_slot_is_a_problem_never_a_truncated_mask():
+    vocab = 400
+    logits = torch.full((3, vocab), float("-inf"))
+    logits[:, :100] = 0.0                    # three rows of 100 ties, top-k 5
+    layout = plan_layout([5, 5, 5], vocab)
+    layout = type(layout)(layout.rows, layout.width, 2, vocab)  # two slots only
+    host = MaskCopy(extract_support(logits, layout), pool=None).result(np.ones(3))
+    assert len(host.lost) == 1 and len(host.wide) == 2
+    (r,) = host.lost
+    assert "wide-row slot" in host.problem(r, 3)
+    for w in host.wide:
+        assert host.row(w).tolist() == list(range(100))
 
 
 def test_nan_logits_cannot_push_support_ids_out():
     logits = torch.full((1, 50), float("-inf"))
     logits[0, [3, 7]] = 1.0
     logits[0, 10:40] = float("nan")         # excluded, and must not outrank 3 and 7
-    host = MaskCopy(extract_support(logits, 4), pool=None).result(np.array([1]))
+    host = _host(logits, [2])
     assert host.row(0).tolist() == [3, 7]
+    assert "not in its support" in host.problem(0, 12)
+
+
+def test_rows_with_no_finite_logit_are_a_problem():
+    logits = torch.full((2, 50), float("nan"))
+    logits[1, :] = float("-inf")
+    host = _host(logits, [5, 5])
+    for r in range(2):
+        assert host.counts[r] == 0 and "no finite logit" in host.problem(r, 0)
 
 
 def test_rows_that_sampled_nothing_are_empty():
     logits = _processed(rows=3)
-    host = MaskCopy(extract_support(logits, 21), pool=None).result(np.array([1, 0, 1]))
+    host = _host(logits, [5, 5, 5], num_sampled=np.array([1, 0, 1]))
     assert len(host.row(1)) == 0 and len(host.row(0)) == 5 and len(host.row(2)) == 5
 
 
@@ -134,3 +173,35 @@ def test_request_rules():
     assert request_error(0.0, 50)[0] == "temperature"
     assert request_error(1.0, -1)[0] == "top_k"
     assert request_error(1.0, 0)[0] == "top_k"
+
+
+def test_mask_copy_holds_the_device_block_until_it_is_read():
+    """The copy stream reads the block after the sampler's references are gone:
+    `MaskCopy` must keep it alive until `result`, and let it go after."""
+    import gc
+    import weakref
+    logits = _processed(rows=4)
+    mask = extract_support(logits, plan_layout([5] * 4, logits.shape[1]))
+    block = weakref.ref(mask.block)
+    copies = [MaskCopy(mask, pool=None)]
+    del mask
+    gc.collect()
+    assert block() is not None
+    for _ in range(3):                        # more steps in flight, resolved in order
+        copies.append(MaskCopy(extract_support(
+            logits, plan_layout([5] * 4, logits.shape[1])), pool=None))
+    for copy in copies:
+        assert copy.result(np.ones(4)).row(0).tolist() == \
+            torch.nonzero(torch.isfinite(logits[0])).view(-1).tolist()
+    gc.collect()
+    assert block() is None
+
+
+def test_wide_rows_unpack_in_linear_time_from_their_crossing_word():
+    from vllm_sampling_mask.transport import unpack_wide_row
+    keep = np.zeros(320, dtype=bool)
+    keep[[3, 40, 41, 100, 101, 300]] = True
+    words = np.packbits(keep, bitorder="little").view(np.int32)
+    # head = the first 3 ids; bits valid from word 1 (ids >= 32) on, as the kernel writes
+    got = unpack_wide_row(np.array([3, 40, 41], dtype=np.int32), words, start_word=1)
+    assert got.tolist() == [3, 40, 41, 100, 101, 300]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 
 def mask_enabled(vllm_config) -> bool:
-    """True when the engine was started with return_sampling_mask."""
-    model_config = getattr(vllm_config, "model_config", None)
-    return bool(getattr(model_config, "return_sampling_mask", False))
+    """True when the engine was started with return_sampling_mask.
+
+    `ModelConfig.return_sampling_mask` is declared on the class by the
+    `model_config` patch, so a config without it is an error, not "off"."""
+    return bool(vllm_config.model_config.return_sampling_mask)

@@ -1,4 +1,4 @@
-"""The request error raised when a request cannot carry a sampling mask."""
+"""The errors of the mask path: a bad request, and a hand-off that went missing."""
 
 from __future__ import annotations
 
@@ -9,6 +9,22 @@ from vllm_sampling_mask.validation import request_error
 
 class SamplingMaskRequestError(VLLMValidationError, ValueError):
     """A 400 at the HTTP server; a ValueError from `LLM.generate`."""
+
+
+class MissingSamplingMaskError(RuntimeError):
+    """With the engine flag on, a hop of the mask's path found no mask.
+
+    Raised, never papered over with `sampling_mask=None`: it means a producer
+    upstream of `hop` stopped writing its declared field (an upstream change
+    the seam contract tests should also catch).
+    """
+
+    def __init__(self, hop: str, detail: str) -> None:
+        super().__init__(
+            f"sampling mask missing at {hop}: {detail}. The engine was started with "
+            "return_sampling_mask, so every hop must carry a mask; this is a bug in "
+            "vllm_sampling_mask or an upstream change it does not know about.")
+        self.hop = hop
 
 
 def check_request(sampling_params) -> None:

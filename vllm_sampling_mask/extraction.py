@@ -1,17 +1,32 @@
 """Mask extraction on the device: which ids survived every logits processor.
 
-Plain module (torch only). The sampler calls `extract_support` on the
-processed logits it sampled from (-inf marks an excluded id), right after
-sampling. The result stays on the device; `transport` copies it to the host.
+Plain module (torch, and Triton where it is installed; no vLLM). The sampler
+calls `extract_support` on the processed logits it sampled from (a non-finite
+logit marks an excluded id) right after sampling. The result stays on the
+device in one int32 block that `transport` copies to the host as a whole.
 
-Layout: `ids [R, W]` int32, each row's surviving ids ascending and then padded
-with -1, plus `counts [R]` int32 (the true support size). W, the width, comes
-from the host-side top-k values (no device sync): the largest top-k in the
-batch plus a margin for logits tied with the k-th value, which the sampler
-keeps, capped at MAX_WIDTH. A row whose support is wider than W (more ties
-than the margin, or a top-k above the cap) has `counts > W`; the host then
-reads that row exactly from the retained `finite` mask (see `transport`).
-Nothing of vocabulary size is copied to the host for ordinary rows.
+The block of one step, `R` rows, compaction width `W`, `S` wide-row slots:
+
+    meta  [R, 3]   count (true support size), slot, start_word
+    ids   [R, W]   the first min(count, W) finite ids, ascending, then -1
+    bits  [S, n_words]  packed finite mask (bit j of word w is id 32 w + j)
+                   of the rows wider than W, from word `start_word` on
+
+A row wider than `W` (ties beyond the margin, or a top-k above the width cap)
+claims a slot and also writes its finite mask as bits, from the block of the
+vocabulary where it crossed `W` onwards: the host reads its first `W` ids from
+`ids` and the rest from `bits`, in time linear in `V / 8`. `slot` is -1 for a
+row that fits, -2 for a wide row that found every slot taken (the host turns
+that into a per-request error, never a truncated mask). `S` is sized on the
+host from the requests' own top-k (rows that may legitimately be wide) plus a
+few spare slots for unexpected ties, so nothing is read back from the device
+to size anything.
+
+Two implementations write the same block: `_support_kernel` (Triton; one
+program per row, each logit read once, no `[R, V]` temporaries) and
+`_extract_torch` (devices without Triton, and CPU hosts, where it runs chunks
+of rows so its temporaries stay small). Slot numbers may differ between them
+(the kernel claims slots with an atomic); the decoded supports may not.
 """
 
 from __future__ import annotations
@@ -20,43 +35,236 @@ from dataclasses import dataclass
 
 import torch
 
+try:  # Triton is optional: CPU hosts without it use the torch implementation.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised only where Triton is missing
+    triton = None
+
 # Extra columns beyond the largest top-k, for ids tied with the k-th logit.
 TIE_MARGIN = 16
-# Widest compaction; wider supports (top_k near the vocabulary) take the exact
-# overflow path instead of making every row of every step vocabulary-wide.
+# Widest compaction; wider supports (top_k near the vocabulary) go through the
+# packed bitmask of a wide-row slot instead of widening every row of the step.
 MAX_WIDTH = 2048
+# Wide-row slots beyond the rows whose top-k allows a wide support: room for
+# rows that turn wide only through ties at the k-th logit.
+SPARE_WIDE_SLOTS = 4
+META = 3  # count, slot, start_word
+NOT_WIDE, NO_SLOT = -1, -2
+
+
+def n_words(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+@dataclass(frozen=True)
+class MaskLayout:
+    """Shape of one step's block; everything here is a host int."""
+
+    rows: int
+    width: int
+    slots: int
+    vocab_size: int
+
+    @property
+    def words(self) -> int:
+        return n_words(self.vocab_size)
+
+    @property
+    def ids_offset(self) -> int:
+        return self.rows * META
+
+    @property
+    def bits_offset(self) -> int:
+        return self.rows * (META + self.width)
+
+    @property
+    def numel(self) -> int:
+        return self.bits_offset + self.slots * self.words
+
+    def views(self, block):
+        """(meta, ids, bits) views of a flat block (a tensor or an ndarray)."""
+        meta = block[: self.ids_offset].reshape(self.rows, META)
+        ids = block[self.ids_offset: self.bits_offset].reshape(self.rows, self.width)
+        bits = block[self.bits_offset: self.numel].reshape(self.slots, self.words)
+        return meta, ids, bits
+
+
+def plan_layout(top_k, vocab_size: int, *, worst_case: bool = False) -> MaskLayout:
+    """The layout for a batch whose per-row top-k are `top_k` (host ints).
+
+    A top-k of 0 or >= vocab_size means "no top-k" (vLLM stores vocab_size).
+    `worst_case` (the memory-profiling run) takes the largest width and one
+    slot per row, the most device memory a step can use.
+    """
+    rows = len(top_k)
+    if worst_case:
+        return MaskLayout(rows, min(MAX_WIDTH, vocab_size), rows, vocab_size)
+    bounded = [int(k) for k in top_k if 0 < int(k) < vocab_size]
+    unbounded = rows - len(bounded)
+    widest = vocab_size if unbounded else max(bounded, default=1)
+    width = max(1, min(vocab_size, widest + TIE_MARGIN, MAX_WIDTH))
+    may_be_wide = unbounded + sum(1 for k in bounded if k + TIE_MARGIN > width)
+    return MaskLayout(rows, width, min(rows, may_be_wide + SPARE_WIDE_SLOTS),
+                      vocab_size)
 
 
 @dataclass
 class DeviceMask:
     """Compacted supports of one sampler step, still on the device."""
 
-    ids: torch.Tensor      # [R, W] int32, ascending, -1 padded
-    counts: torch.Tensor   # [R] int32, true support size (may exceed W)
-    finite: torch.Tensor   # [R, V] bool, kept only to re-read overflowing rows
+    block: torch.Tensor   # flat int32, `layout.numel` entries
+    layout: MaskLayout
 
 
-def support_width(max_top_k: int, vocab_size: int) -> int:
-    """Columns to compact into, from the largest top-k of the batch (host int)."""
-    return max(1, min(vocab_size, int(max_top_k) + TIE_MARGIN, MAX_WIDTH))
+def extract_support(processed_logits: torch.Tensor, layout: MaskLayout, *,
+                    use_triton: bool | None = None) -> DeviceMask:
+    """Compact the finite entries of each row of `processed_logits`.
 
-
-def extract_support(processed_logits: torch.Tensor, width: int) -> DeviceMask:
-    """Compact `isfinite(processed_logits)` into ascending ids per row.
-
-    `torch.topk` by value puts every finite logit ahead of the excluded ones
-    (non-finite values are first set to -inf, so a NaN cannot outrank them):
-    when a row has at most `width` finite entries, its support is exactly the
-    finite entries among the top `width`. Sorting those ids, with the excluded
-    ones pushed to the end, gives the ascending, padded row.
+    Runs the Triton kernel on CUDA (and wherever `use_triton=True`, e.g. under
+    Triton's interpreter in the CPU tests), the torch implementation elsewhere.
+    Issues no host synchronisation on the kernel path.
     """
     rows, vocab = processed_logits.shape
-    width = min(width, vocab)
-    finite = torch.isfinite(processed_logits)
-    counts = finite.sum(dim=-1, dtype=torch.int32)
-    ranked = processed_logits.masked_fill(~finite, float("-inf"))
-    values, idx = torch.topk(ranked, width, dim=-1, sorted=False)
-    keep = torch.isfinite(values)
-    idx = torch.where(keep, idx, vocab).sort(dim=-1).values
-    ids = torch.where(idx < vocab, idx, -1).to(torch.int32)
-    return DeviceMask(ids=ids, counts=counts, finite=finite)
+    if (rows, vocab) != (layout.rows, layout.vocab_size):
+        raise ValueError(f"extract_support: logits {tuple(processed_logits.shape)} do "
+                         f"not match the layout ({layout.rows}, {layout.vocab_size})")
+    if use_triton is None:
+        use_triton = triton is not None and processed_logits.is_cuda
+    block = torch.empty(layout.numel + 1, dtype=torch.int32,
+                        device=processed_logits.device)
+    # The last entry is the kernel's slot counter; the block proper excludes it.
+    if use_triton:
+        _extract_triton(processed_logits, block, layout)
+    else:
+        _extract_torch(processed_logits, block, layout)
+    return DeviceMask(block=block[: layout.numel], layout=layout)
+
+
+# -- Triton ------------------------------------------------------------------
+
+if triton is not None:
+
+    @triton.jit
+    def _support_kernel(logits_ptr, logits_stride, out_ptr, counter_ptr,
+                        vocab_size, width, n_slots, words, ids_offset, bits_offset,
+                        BLOCK: tl.constexpr, PAD_BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        row_logits = logits_ptr + row.to(tl.int64) * logits_stride
+        row_ids = out_ptr + ids_offset + row * width
+        count = tl.zeros((), dtype=tl.int32)
+        slot = tl.full((), -1, dtype=tl.int32)  # NOT_WIDE
+        start_word = tl.zeros((), dtype=tl.int32)
+        lanes = tl.arange(0, BLOCK)
+        shifts = tl.arange(0, 32)
+        for start in range(0, vocab_size, BLOCK):
+            offs = start + lanes
+            x = tl.load(row_logits + offs, mask=offs < vocab_size,
+                        other=float("-inf")).to(tl.float32)
+            keep = (x > float("-inf")) & (x < float("inf"))  # NaN fails both
+            k = keep.to(tl.int32)
+            pos = count + tl.cumsum(k, 0) - 1
+            tl.store(row_ids + pos, offs, mask=keep & (pos < width))
+            new_count = count + tl.sum(k, 0)
+            if (count <= width) & (new_count > width):  # this block holds id W + 1
+                claimed = tl.atomic_add(counter_ptr, 1)
+                slot = tl.where(claimed < n_slots, claimed, -2)  # NO_SLOT
+                start_word = start // 32
+            if slot >= 0:
+                packed = tl.sum(tl.reshape(k, (BLOCK // 32, 32)) << shifts[None, :], 1)
+                word = start // 32 + tl.arange(0, BLOCK // 32)
+                tl.store(out_ptr + bits_offset + slot * words + word, packed,
+                         mask=word < words)
+            count = new_count
+        for pad in range(0, width, PAD_BLOCK):
+            offs = pad + tl.arange(0, PAD_BLOCK)
+            tl.store(row_ids + offs, tl.full((PAD_BLOCK,), -1, tl.int32),
+                     mask=(offs >= count) & (offs < width))
+        tl.store(out_ptr + row * 3, count)
+        tl.store(out_ptr + row * 3 + 1, slot)
+        tl.store(out_ptr + row * 3 + 2, start_word)
+
+
+def _extract_triton(logits: torch.Tensor, block: torch.Tensor, layout: MaskLayout,
+                    block_size: int = 2048) -> None:
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    counter = block[layout.numel:]
+    counter.zero_()
+    if layout.rows == 0:
+        return
+    _support_kernel[(layout.rows,)](
+        logits, logits.stride(0), block, counter, layout.vocab_size, layout.width,
+        layout.slots, layout.words, layout.ids_offset, layout.bits_offset,
+        BLOCK=block_size, PAD_BLOCK=256, num_warps=8)
+
+
+# -- torch -------------------------------------------------------------------
+
+# Logits per chunk of rows: bounds the torch path's temporaries (a bool mask
+# and the kept indices of one chunk) whatever the batch, while keeping the
+# number of vocabulary-wide operations per step small.
+CHUNK_ELEMENTS = 1 << 22
+
+
+def pack_bits(keep: torch.Tensor) -> torch.Tensor:
+    """[V] bool -> [n_words(V)] int32, bit j of word w set when keep[32 w + j]."""
+    vocab = keep.shape[-1]
+    padded = torch.zeros(n_words(vocab) * 32, dtype=torch.int64, device=keep.device)
+    padded[:vocab] = keep
+    shifts = torch.arange(32, dtype=torch.int64, device=keep.device)
+    return (padded.view(-1, 32) << shifts).sum(-1).to(torch.int32)
+
+
+def _kept_indices(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Flat indices of the finite entries of contiguous `x`, ascending.
+
+    `keep` is a bool scratch of len(x) rounded up to 8. One vocabulary-wide
+    comparison, then `nonzero` over 8-byte words of the mask (8x fewer
+    elements than the mask itself), then only the words that hold a kept id
+    are looked at byte by byte. `x > -inf` already drops NaN; the few kept
+    +inf are dropped from the (small) kept set.
+    """
+    n = x.numel()
+    keep[n:] = False
+    torch.gt(x.view(-1), float("-inf"), out=keep[:n])
+    words = torch.nonzero(keep.view(torch.int64)).view(-1)
+    word, byte = torch.nonzero(keep.view(-1, 8)[words], as_tuple=True)
+    flat = words[word] * 8 + byte
+    posinf = x.view(-1)[flat] == float("inf")
+    if bool(posinf.any()):
+        keep[flat[posinf]] = False
+        flat = flat[~posinf]
+    return flat
+
+
+def _extract_torch(logits: torch.Tensor, block: torch.Tensor, layout: MaskLayout) -> None:
+    meta, ids, bits = layout.views(block[: layout.numel])
+    ids.fill_(-1)
+    meta[:, 1] = NOT_WIDE
+    meta[:, 2] = 0
+    width, vocab = layout.width, layout.vocab_size
+    chunk = max(1, CHUNK_ELEMENTS // max(vocab, 1))
+    scratch = torch.empty((min(chunk, layout.rows) * vocab + 7) // 8 * 8,
+                          dtype=torch.bool, device=logits.device)
+    next_slot = 0
+    for r0 in range(0, layout.rows, chunk):
+        x = logits[r0: r0 + chunk].contiguous()
+        rows = len(x)
+        keep = scratch[: (rows * vocab + 7) // 8 * 8]
+        flat = _kept_indices(x, keep)
+        row = flat // vocab
+        col = flat - row * vocab
+        counts = torch.bincount(row, minlength=rows)
+        meta[r0: r0 + rows, 0] = counts.to(torch.int32)
+        pos = torch.arange(len(flat), device=flat.device) - (torch.cumsum(counts, 0)
+                                                             - counts)[row]
+        fits = pos < width
+        ids[r0 + row[fits], pos[fits]] = col[fits].to(torch.int32)
+        for r in torch.nonzero(counts > width).view(-1).tolist():
+            if next_slot < layout.slots:
+                meta[r0 + r, 1] = next_slot
+                bits[next_slot] = pack_bits(keep[r * vocab: (r + 1) * vocab])
+                next_slot += 1
+            else:
+                meta[r0 + r, 1] = NO_SLOT

@@ -1,15 +1,23 @@
-"""Device-to-host transport of compacted masks, and their per-step host form.
+"""Device-to-host transport of one step's mask block, and its host form.
 
-Plain module (torch, numpy). `MaskCopy` is started inside Model Runner V2's
-output copy stream, beside the sampled token ids, and read when the runner's
-asynchronous output is resolved (after its copy event), so it adds no host
-synchronisation to the sampler's hot path.
+Plain module (torch, numpy; no vLLM). `MaskCopy` is started on Model Runner
+V2's output copy stream, beside the sampled token ids, and read when the
+runner's asynchronous output is resolved, after the runner's copy event.
 
-Pinned staging: on platforms with pinned memory the copy lands in a reusable
-page-locked buffer from `PinnedPool`, so it is truly asynchronous and no
-page-locked allocation happens per step. A buffer is handed out only while
-free and returns to the pool when its copy has been read, so any number of
-steps in flight (asynchronous scheduling, pipeline parallelism) is safe.
+Lifetimes across streams: the block was written on the main stream and is
+read by the copy on the copy stream. `MaskCopy` keeps the device block
+referenced until `result`, which runs only after the copy event has
+completed, so the caching allocator cannot hand its memory to the main
+stream while the copy may still read it, however many steps are in flight.
+
+The host side (`result`) does numpy work only, no device work: it runs on the
+thread that resolves outputs, which under asynchronous scheduling must not
+wait on the main stream. Wide rows arrive in the same copy as packed bits and
+are unpacked in time linear in their size.
+
+Pinned staging: on CUDA the copy lands in a reusable page-locked buffer from
+`PinnedPool` (truly asynchronous; no page-locked allocation per step). A
+buffer is handed out only while free and returns to the pool once read.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vllm_sampling_mask.extraction import DeviceMask
+from vllm_sampling_mask.extraction import NO_SLOT, DeviceMask, MaskLayout
 
 
 class PinnedPool:
@@ -47,62 +55,100 @@ class PinnedPool:
         with self._lock:
             self._free.append(buf)
 
+    def __len__(self) -> int:
+        return len(self._free)
+
 
 @dataclass
 class StepMasks:
     """One step's supports on the host, one row per request of the batch."""
 
-    ids: np.ndarray      # [R, W] int32, ascending then -1
-    counts: np.ndarray   # [R] int32
-    wide: dict[int, np.ndarray]  # rows wider than W, read exactly
+    counts: np.ndarray            # [R] int32, true support size (0: sampled nothing)
+    ids: np.ndarray               # [R, W] int32, ascending then -1
+    wide: dict[int, np.ndarray]   # rows wider than W, read exactly from their bits
+    lost: frozenset[int]          # rows wider than W that found no wide-row slot
 
     def row(self, i: int) -> np.ndarray:
+        """Row i's support, ascending int32 (a row in `lost` has none: see `problem`)."""
         wide = self.wide.get(i)
         if wide is not None:
             return wide
-        return self.ids[i, : self.counts[i]]
+        return self.ids[i, : min(int(self.counts[i]), self.ids.shape[1])]
+
+    def problem(self, i: int, token: int) -> str | None:
+        """Why row i cannot describe the draw of `token` exactly, or None."""
+        count = int(self.counts[i])
+        if i in self.lost:
+            return (f"its support of {count} ids is wider than this step's "
+                    f"{self.ids.shape[1]} compacted columns and every wide-row slot "
+                    "of the step was taken")
+        if count == 0:
+            return (f"the sampler drew token {token} from a distribution with no "
+                    "finite logit (every logit was -inf or NaN)")
+        row = self.row(i)
+        at = int(np.searchsorted(row, token))
+        if at == len(row) or row[at] != token:
+            return (f"the sampled token {token} is not in its support of {count} ids "
+                    "(non-finite logits reached the sampler)")
+        return None
+
+
+def unpack_wide_row(head: np.ndarray, words: np.ndarray, start_word: int) -> np.ndarray:
+    """The support of a wide row: its first W ids `head`, then every set bit of
+    `words[start_word:]` above `head[-1]`. Linear in the size of `words`."""
+    tail = np.unpackbits(np.ascontiguousarray(words[start_word:]).view(np.uint8),
+                         bitorder="little")
+    found = np.flatnonzero(tail).astype(np.int32) + np.int32(32 * start_word)
+    return np.concatenate([head, found[found > head[-1]]])
+
+
+def decode(block: np.ndarray, layout: MaskLayout, num_sampled=None) -> StepMasks:
+    """The host form of a block (copied out of `block`, which may be reused).
+
+    Rows whose request produced no token this step (`num_sampled == 0`, e.g. a
+    chunked prefill) get count 0 and no problem is raised for them.
+    """
+    meta, ids, bits = layout.views(block)
+    counts = meta[:, 0].copy()
+    if num_sampled is not None:
+        counts[np.asarray(num_sampled)[: len(counts)] == 0] = 0
+    wide, lost = {}, set()
+    for r in np.flatnonzero(counts > layout.width).tolist():
+        slot, start_word = int(meta[r, 1]), int(meta[r, 2])
+        if slot == NO_SLOT or not 0 <= slot < layout.slots:
+            lost.add(r)
+        else:
+            wide[r] = unpack_wide_row(ids[r], bits[slot], start_word)
+    return StepMasks(counts=counts, ids=ids.copy(), wide=wide, lost=frozenset(lost))
 
 
 class MaskCopy:
-    """An in-flight device-to-host copy of one step's `DeviceMask`."""
+    """An in-flight device-to-host copy of one step's `DeviceMask`.
+
+    Construct it with the copy stream current (after it waited for the main
+    stream); call `result` only once the copy stream's work has completed.
+    """
 
     def __init__(self, mask: DeviceMask, pool: PinnedPool | None) -> None:
-        self._finite = mask.finite
+        self.layout = mask.layout
+        # Referenced until `result`: the copy below reads it on another stream.
+        self._device_block = mask.block
         self._pool = pool
         self._buffer = None
-        rows, width = mask.ids.shape
-        # One [R, 1 + W] int32 block: counts in column 0, then the ids.
-        packed = torch.cat([mask.counts.view(-1, 1), mask.ids], dim=1)
-        self._packed = packed  # keep the source alive until the copy is read
-        if packed.device.type == "cpu":
-            self._host = packed
+        if mask.block.device.type == "cpu":
+            self._host = mask.block
         elif pool is not None:
-            self._buffer = pool.take(packed.numel())
-            self._host = self._buffer[: packed.numel()].view(rows, width + 1)
-            self._host.copy_(packed, non_blocking=True)
+            self._buffer = pool.take(mask.block.numel())
+            self._host = self._buffer[: mask.block.numel()]
+            self._host.copy_(mask.block, non_blocking=True)
         else:
-            self._host = packed.to("cpu", non_blocking=True)
+            self._host = mask.block.to("cpu", non_blocking=True)
 
-    def result(self, num_sampled: np.ndarray | None = None) -> StepMasks:
-        """Read the copy (after the runner's copy event has completed).
-
-        Rows whose request produced no token this step (`num_sampled == 0`,
-        e.g. a chunked prefill) get count 0. Rows wider than the compacted
-        width are read exactly from the retained `finite` mask, in one call.
-        """
-        host = self._host.numpy()
-        counts = host[:, 0].copy()
-        ids = host[:, 1:].copy()
-        if self._buffer is not None:
-            self._pool.give_back(self._buffer)
-        if num_sampled is not None:
-            counts[np.asarray(num_sampled)[: len(counts)] == 0] = 0
-        wide = {}
-        over = np.nonzero(counts > ids.shape[1])[0]
-        if len(over):
-            rows = torch.as_tensor(over, device=self._finite.device)
-            nz = torch.nonzero(self._finite[rows]).cpu().numpy()
-            for j, r in enumerate(over.tolist()):
-                wide[r] = nz[nz[:, 0] == j, 1].astype(np.int32)
-        self._finite = self._packed = self._buffer = self._host = None
-        return StepMasks(ids=ids, counts=counts, wide=wide)
+    def result(self, num_sampled=None) -> StepMasks:
+        """Decode the copy. Host work only: the copy must have completed."""
+        try:
+            return decode(self._host.numpy(), self.layout, num_sampled)
+        finally:
+            if self._buffer is not None:
+                self._pool.give_back(self._buffer)
+            self._device_block = self._buffer = self._host = None

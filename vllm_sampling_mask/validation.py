@@ -9,6 +9,14 @@ endpoint).
 from __future__ import annotations
 
 FLAG = "--return-sampling-mask (return_sampling_mask=True)"
+# The key in `SamplingParams.extra_args` that says, once the input processor has
+# decided, whether a request's outputs carry a mask.
+MASK_ARG = "return_sampling_mask"
+
+
+def wants_mask(sampling_params) -> bool:
+    """The decision the input processor wrote on the request's parameters."""
+    return (sampling_params.extra_args or {}).get(MASK_ARG) is True
 
 
 def startup_errors(*, logprobs_mode: str, use_v2_model_runner: bool,

@@ -1,13 +1,15 @@
 """The engine-core output types that carry masks across the process boundary.
 
 `MaskedEngineCoreOutput` is vLLM's `EngineCoreOutput` (a msgspec Struct with
-`array_like=True`) with two trailing fields; the engine core's encoder writes
-them as ndarrays. The client must decode with `MaskedEngineCoreOutputs`: a
-decoder built for the base type silently drops trailing fields.
+`array_like=True`) with three trailing fields; the engine core's encoder
+writes them. The client must decode with `MaskedEngineCoreOutputs`: a decoder
+built for the base type silently drops trailing fields.
 
-Per output, for its `new_token_ids` (usually one token per step):
+Per output, for its `new_token_ids` (one token per step without speculation):
     sampling_mask_ids     int32 [sum of counts], supports concatenated
     sampling_mask_counts  int32 [len(new_token_ids)]
+    sampling_mask_error   why the mask path ended this request (its
+                          finish_reason is then ERROR and it carries no tokens)
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 class MaskedEngineCoreOutput(EngineCoreOutput):
     sampling_mask_ids: np.ndarray | None = None
     sampling_mask_counts: np.ndarray | None = None
+    sampling_mask_error: str | None = None
 
 
 class MaskedEngineCoreOutputs(EngineCoreOutputs):

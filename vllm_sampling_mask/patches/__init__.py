@@ -20,7 +20,9 @@ REGISTRY: dict[str, str] = {
     "request_validation": "vllm.v1.engine.input_processor",
     # The mask's path: sampler -> runner output -> scheduler -> client -> user.
     "sampler": "vllm.v1.worker.gpu.sample.sampler",
+    "runner": "vllm.v1.worker.gpu.model_runner",
     "async_output": "vllm.v1.worker.gpu.async_utils",
+    "runner_output": "vllm.v1.outputs",
     "scheduler": "vllm.v1.core.sched.scheduler",
     "core_client": "vllm.v1.engine.core_client",
     "output_processor": "vllm.v1.engine.output_processor",

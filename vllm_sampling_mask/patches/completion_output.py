@@ -1,43 +1,42 @@
-"""`CompletionOutput.sampling_mask`, and merging it when outputs are aggregated.
+"""`CompletionOutput.sampling_mask` (and `sampling_mask_error`), merged on aggregation.
 
-What: in `vllm/outputs.py`, adds the dataclass field
-    `sampling_mask: SamplingMask | None = None` to `CompletionOutput`, exports
-    `SamplingMask` from `vllm.outputs`, and wraps `RequestOutput.add` so that
-    aggregating DELTA outputs (a consumer that fell behind) joins their masks
-    exactly as upstream joins their `token_ids`.
-Why: the completion is what users read; a real field keeps `replace` and
-    the constructor working. None when the engine flag is off.
-Remove when: upstream has the field.
+What: in `vllm/outputs.py`, adds the dataclass fields
+    `sampling_mask: SamplingMask | None = None` and
+    `sampling_mask_error: str | None = None` (why the mask path ended this
+    completion; its finish_reason is then "error") to `CompletionOutput`,
+    exports `SamplingMask` from `vllm.outputs`, and wraps `RequestOutput.add`
+    so that aggregating DELTA outputs (a consumer that fell behind) joins
+    their masks exactly as upstream joins their `token_ids`.
+Why: the completion is what users read; real fields keep `replace` and the
+    constructor working. Both None for a request without a mask.
+Remove when: upstream has the field (vLLM #49577).
 """
 
 from __future__ import annotations
 
-import functools
-
 from vllm_sampling_mask.patches._dataclass import add_field
+from vllm_sampling_mask.patches._wrap import wraps
 from vllm_sampling_mask.sampling_mask import SamplingMask
 
 
 def apply(module) -> None:
     add_field(module.CompletionOutput, "sampling_mask", SamplingMask | None, None)
+    add_field(module.CompletionOutput, "sampling_mask_error", str | None, None)
     module.SamplingMask = SamplingMask
 
-    RequestOutput = module.RequestOutput
-    original_add = RequestOutput.add
-
-    @functools.wraps(original_add)
-    def add(self, next_output, aggregate):
+    @wraps(module, "RequestOutput.add")
+    def add(wrapped, self, args, kwargs):
+        next_output = args[0] if args else kwargs["next_output"]
+        aggregate = args[1] if len(args) > 1 else kwargs["aggregate"]
         if not aggregate:
-            return original_add(self, next_output, aggregate)
+            return wrapped(*args, **kwargs)
         before = {c.index: c.sampling_mask if c.sampling_mask is not None or c.token_ids
                   else SamplingMask.from_lists([]) for c in self.outputs}
-        original_add(self, next_output, aggregate)
+        wrapped(*args, **kwargs)
+        merged = {c.index: c for c in self.outputs}
         for nxt in next_output.outputs:
-            old = before.get(nxt.index)
-            if old is None or nxt.sampling_mask is None:
-                continue
-            for completion in self.outputs:
-                if completion.index == nxt.index:
-                    completion.sampling_mask = SamplingMask.concat([old, nxt.sampling_mask])
-
-    RequestOutput.add = add
+            completion, old = merged[nxt.index], before.get(nxt.index)
+            if nxt.sampling_mask_error is not None:
+                completion.sampling_mask_error = nxt.sampling_mask_error
+            if old is not None and nxt.sampling_mask is not None:
+                completion.sampling_mask = SamplingMask.concat([old, nxt.sampling_mask])

@@ -12,15 +12,16 @@ Why: `LLM.__init__` passes unknown keywords straight into `EngineArgs`, which
     fails before any vLLM plugin loads, and `ModelConfig` forbids unknown
     constructor arguments; `create_engine_config` is the one point both `LLM`
     and `vllm serve` pass through with the final config in hand.
-Remove when: upstream has an engine-level sampling-mask option.
+Remove when: upstream has an engine-level sampling-mask option (vLLM #49577,
+    `--return-sampling-mask` in 0.28).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 
 from vllm_sampling_mask.patches._dataclass import add_field
+from vllm_sampling_mask.patches._wrap import wraps
 from vllm_sampling_mask.validation import startup_errors
 
 HELP = (
@@ -36,11 +37,9 @@ def apply(module) -> None:
     add_field(EngineArgs, "return_sampling_mask", bool, False,
               subclasses=(module.AsyncEngineArgs,))
 
-    original_add_cli_args = EngineArgs.add_cli_args
-
-    @functools.wraps(original_add_cli_args)
-    def add_cli_args(parser):
-        parser = original_add_cli_args(parser)
+    @wraps(module, "EngineArgs.add_cli_args")
+    def add_cli_args(wrapped, instance, args, kwargs):
+        parser = wrapped(*args, **kwargs)
         group = next((g for g in parser._action_groups if g.title == "ModelConfig"),
                      parser)
         group.add_argument("--return-sampling-mask",
@@ -48,22 +47,14 @@ def apply(module) -> None:
                            help=HELP)
         return parser
 
-    EngineArgs.add_cli_args = staticmethod(add_cli_args)
-
-    original_create_model_config = EngineArgs.create_model_config
-
-    @functools.wraps(original_create_model_config)
-    def create_model_config(self):
-        model_config = original_create_model_config(self)
+    @wraps(module, "EngineArgs.create_model_config")
+    def create_model_config(wrapped, self, args, kwargs):
+        model_config = wrapped(*args, **kwargs)
         model_config.return_sampling_mask = bool(self.return_sampling_mask)
         return model_config
 
-    EngineArgs.create_model_config = create_model_config
-
-    original_create_engine_config = EngineArgs.create_engine_config
-
-    @functools.wraps(original_create_engine_config)
-    def create_engine_config(self, *args, **kwargs):
+    @wraps(module, "EngineArgs.create_engine_config")
+    def create_engine_config(wrapped, self, args, kwargs):
         if self.return_sampling_mask:
             # What the arguments already say is checked first, so these errors
             # come before any upstream complaint about the same settings.
@@ -72,7 +63,7 @@ def apply(module) -> None:
                 speculative=bool(self.speculative_config),
                 logits_processors=self.logits_processors, runner_type="generate",
                 is_diffusion=False))
-        config = original_create_engine_config(self, *args, **kwargs)
+        config = wrapped(*args, **kwargs)
         if self.return_sampling_mask:
             mc = config.model_config
             _raise(startup_errors(
@@ -81,10 +72,8 @@ def apply(module) -> None:
                 speculative=config.speculative_config is not None,
                 logits_processors=mc.logits_processors,
                 runner_type=mc.runner_type,
-                is_diffusion=bool(getattr(mc, "is_diffusion", False))))
+                is_diffusion=bool(mc.is_diffusion)))
         return config
-
-    EngineArgs.create_engine_config = create_engine_config
 
 
 def _raise(errors: list[str]) -> None:

@@ -9,20 +9,22 @@ What: in `vllm/entrypoints/scale_out/token_in_token_out/serving.py`, swaps
     instead of an error event after a 200). With the flag on, a non-streaming
     request runs with FINAL_ONLY outputs, so `n > 1` returns every choice
     (upstream's cumulative outputs keep only the children that finished in the
-    last step). Streaming chunks are unchanged.
+    last step). A choice whose mask path failed (`sampling_mask_error`) turns
+    the response into an HTTP 500 carrying that message, never a choice
+    without its mask. Streaming chunks are unchanged.
 Why: the token-in/token-out endpoint is the RL trainers' way in.
-Remove when: upstream returns the mask from this endpoint.
+Remove when: upstream returns the mask from this endpoint (vLLM #49577).
 """
 
 from __future__ import annotations
 
-import functools
-
 from vllm_sampling_mask.config import mask_enabled
 from vllm_sampling_mask.errors import SamplingMaskRequestError, check_request
+from vllm_sampling_mask.patches._wrap import wraps
 
 
 def apply(module) -> None:
+    from vllm.entrypoints.openai.engine.protocol import GenerationError
     from vllm.sampling_params import RequestOutputKind
 
     class GenerateResponseChoice(module.GenerateResponseChoice):
@@ -34,12 +36,9 @@ def apply(module) -> None:
     module.GenerateResponseChoice = GenerateResponseChoice
     module.GenerateResponse = GenerateResponse
 
-    ServingTokens = module.ServingTokens
-    original_serve = ServingTokens.serve_tokens
-    original_full = ServingTokens.serve_tokens_full_generator
-
-    @functools.wraps(original_serve)
-    async def serve_tokens(self, request, raw_request=None):
+    @wraps(module, "ServingTokens.serve_tokens")
+    async def serve_tokens(wrapped, self, args, kwargs):
+        request = args[0] if args else kwargs["request"]
         params = request.sampling_params
         if mask_enabled(self.engine_client.vllm_config) and params:
             try:
@@ -50,10 +49,10 @@ def apply(module) -> None:
                 # One final output holding every child of n > 1: upstream's
                 # cumulative outputs carry only the children that finished last.
                 params.output_kind = RequestOutputKind.FINAL_ONLY
-        return await original_serve(self, request, raw_request)
+        return await wrapped(*args, **kwargs)
 
-    @functools.wraps(original_full)
-    async def serve_tokens_full_generator(self, request, result_generator, *args, **kwargs):
+    @wraps(module, "ServingTokens.serve_tokens_full_generator")
+    async def serve_tokens_full_generator(wrapped, self, args, kwargs):
         final = {}
 
         async def recording(gen):
@@ -62,14 +61,19 @@ def apply(module) -> None:
                     final[completion.index] = completion
                 yield res
 
-        response = await original_full(self, request, recording(result_generator),
-                                       *args, **kwargs)
-        if isinstance(response, GenerateResponse):
-            for choice in response.choices:
-                completion = final.get(choice.index)
-                mask = getattr(completion, "sampling_mask", None)
-                choice.sampling_mask = None if mask is None else mask.token_ids
+        args = list(args)
+        if len(args) > 1:
+            args[1] = recording(args[1])
+        else:
+            kwargs["result_generator"] = recording(kwargs["result_generator"])
+        response = await wrapped(*args, **kwargs)
+        if not isinstance(response, GenerateResponse):
+            return response
+        for choice in response.choices:
+            completion = final[choice.index]
+            if completion.sampling_mask_error is not None:
+                return self.create_error_response(
+                    GenerationError(completion.sampling_mask_error))
+            mask = completion.sampling_mask
+            choice.sampling_mask = None if mask is None else mask.token_ids
         return response
-
-    ServingTokens.serve_tokens = serve_tokens
-    ServingTokens.serve_tokens_full_generator = serve_tokens_full_generator

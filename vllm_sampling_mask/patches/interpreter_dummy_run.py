@@ -11,9 +11,8 @@ Remove when: upstream initialises its dummy inputs, or the interpreter
     tolerates NaN in argmax.
 """
 
-import functools
-
 from vllm_sampling_mask.interpreter import triton_interpreter_on
+from vllm_sampling_mask.patches._wrap import wraps
 
 
 def apply(module) -> None:
@@ -21,12 +20,8 @@ def apply(module) -> None:
         return
     import torch
 
-    Runner = module.GPUModelRunner
-    original = Runner._dummy_sampler_run
-
-    @functools.wraps(original)
-    def _dummy_sampler_run(self, hidden_states, *args, **kwargs):
-        return original(self, torch.nan_to_num(hidden_states, nan=0.0, posinf=0.0,
-                                               neginf=0.0), *args, **kwargs)
-
-    Runner._dummy_sampler_run = _dummy_sampler_run
+    @wraps(module, "GPUModelRunner._dummy_sampler_run")
+    def _dummy_sampler_run(wrapped, self, args, kwargs):
+        hidden_states, *rest = args
+        finite = torch.nan_to_num(hidden_states, nan=0.0, posinf=0.0, neginf=0.0)
+        return wrapped(finite, *rest, **kwargs)

@@ -16,10 +16,10 @@ Remove when: Triton's interpreter caches its language patching (or MRv2 runs
 
 from __future__ import annotations
 
-import functools
 import inspect
 
 from vllm_sampling_mask.interpreter import triton_interpreter_on
+from vllm_sampling_mask.patches._wrap import wraps
 
 
 class _NoScope:
@@ -33,15 +33,15 @@ def apply(module) -> None:
         return
     import triton.language as tl
 
-    original = module._patch_lang
     state = {"patched": None}  # the language modules patched by the running launch
 
     def langs_of(fn):
         return {id(v) for v in fn.__globals__.values()
                 if inspect.ismodule(v) and v in (tl, tl.core)}
 
-    @functools.wraps(original)
-    def _patch_lang(fn):
+    @wraps(module, "_patch_lang")
+    def _patch_lang(original, instance, args, kwargs):
+        (fn,) = args
         patched = state["patched"]
         langs = langs_of(fn)
         if patched is not None and langs and langs <= patched:
@@ -59,5 +59,3 @@ def apply(module) -> None:
 
         scope.restore = restore_and_forget
         return scope
-
-    module._patch_lang = _patch_lang

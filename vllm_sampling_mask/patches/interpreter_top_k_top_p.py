@@ -1,29 +1,81 @@
-"""Use vLLM's PyTorch top-k/top-p on a CPU host under Triton's interpreter.
+"""Run vLLM's Triton top-k/top-p kernel under Triton's interpreter.
 
-What: wraps `vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p` so that,
-    with TRITON_INTERPRET=1 on a CPU tensor, it calls upstream's own
-    `apply_top_k_top_p_pytorch(..., allow_cpu_sync=True)`, the path vLLM takes
-    on CPU when it has no Triton.
-Why: with Triton reported present (see interpreter_has_triton) the CPU path
-    picks the Triton top-k/top-p kernel, which fails in the interpreter
-    (`row_id.to(...)` on a plain int). Both keep every logit tied with the k-th.
-Remove when: interpreter_has_triton goes, or the kernel runs interpreted.
+What: under TRITON_INTERPRET=1, wraps `triton.runtime.interpreter._patch_lang_core`
+    (Triton 3.9) so that, inside every interpreted launch, `tl.range` yields
+    scalar Triton integer tensors instead of Python ints. Their dtype is the one
+    compiled Triton gives the loop variable: start, end and step promoted
+    together (int32 for int32 bounds). The values are those of Python's
+    `range`. `tl.static_range` and the builtin `range` keep yielding ints
+    (compiled Triton makes a `static_range` variable a constexpr). The patch
+    goes away with the launch's language patch, as the interpreter's own does.
+    Nothing else changes: `apply_top_k_top_p` dispatches as upstream does.
+Why: compiled Triton makes a `tl.range` loop variable a tensor, but the
+    interpreter turns `tl.range` into Python's `range`. `_topk_topp_kernel` in
+    `vllm.v1.sample.ops.topk_topp_triton` calls `row_id.to(tl.int64)` on its
+    `tl.range` variable, so interpreted it failed with "'int' object has no
+    attribute 'to'". With HAS_TRITON true (interpreter_has_triton), vLLM's CPU
+    path uses that kernel for every batch size. This patch makes it run, so the
+    tokens it keeps are the kernel's own (exactly k on a tie at the k-th logit,
+    for example), not those of the PyTorch fallback.
+Remove when: Triton's interpreter yields tensors from `tl.range` (its
+    `_patch_lang_core` maps `tl.range` to Python's `range`), or
+    `_topk_topp_kernel` stops calling tensor methods on its `tl.range`
+    variable, or interpreter_has_triton goes.
 """
 
-import functools
+from __future__ import annotations
+
+import operator
 
 from vllm_sampling_mask.interpreter import triton_interpreter_on
 
+_applied = False  # wrapped once per process, whatever calls apply()
+
+
+def _loop_type(bounds, tl, semantic):
+    """The dtype compiled Triton gives a loop variable over these bounds."""
+    ty = None
+    for bound in bounds:
+        if isinstance(bound, tl.constexpr):
+            bound = bound.value
+        bty = bound.dtype if isinstance(bound, tl.tensor) else semantic.to_tensor_type(bound)
+        ty = bty if ty is None else semantic.integer_promote_impl(ty, bty)
+    return ty
+
+
+def _make_tensor_range(interpreter):
+    import numpy as np
+    import triton.language as tl
+
+    semantic = interpreter.interpreter_semantic
+    handle = interpreter.TensorHandle
+
+    def tensor_range(arg1, arg2=None, step=None, **_options):
+        start, end = (0, arg1) if arg2 is None else (arg1, arg2)
+        step = 1 if step is None else step
+        ty = _loop_type((start, end, step), tl, semantic)
+        np_dtype = interpreter._get_np_dtype(ty)
+        for value in range(operator.index(start), operator.index(end), operator.index(step)):
+            yield tl.tensor(handle(np.array([value], dtype=np_dtype), ty), ty)
+
+    return tensor_range
+
 
 def apply(module) -> None:
-    if not triton_interpreter_on():
+    del module  # the kernel is vLLM's; the gap is in Triton's interpreter
+    global _applied
+    if _applied or not triton_interpreter_on():
         return
-    original = module.apply_top_k_top_p
+    import triton.runtime.interpreter as interpreter
+    import wrapt
 
-    @functools.wraps(original)
-    def apply_top_k_top_p(logits, k, p):
-        if logits.device.type == "cpu" and (k is not None or p is not None):
-            return module.apply_top_k_top_p_pytorch(logits, k, p, allow_cpu_sync=True)
-        return original(logits, k, p)
+    tensor_range = _make_tensor_range(interpreter)
 
-    module.apply_top_k_top_p = apply_top_k_top_p
+    def patch_lang_core(wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        lang, scope = args[0], args[1]
+        scope.set_attr(lang, "range", tensor_range)  # restored with the launch's scope
+        return result
+
+    wrapt.wrap_function_wrapper(interpreter, "_patch_lang_core", patch_lang_core)
+    _applied = True

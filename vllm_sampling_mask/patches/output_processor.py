@@ -1,65 +1,77 @@
 """Accumulate masks per request and put them on each `CompletionOutput`.
 
-What: wraps `OutputProcessor.process_outputs` (vllm/v1/engine/output_processor.py)
-    to append each engine-core output's supports to its request's
-    `accumulator.MaskAccumulator` before upstream handles the output, and
-    `RequestState._new_completion_output` to set `sampling_mask` on the
-    `CompletionOutput` it builds: all tokens so far for cumulative and final
-    outputs, the new tokens only for DELTA outputs, always the same tokens
-    as `token_ids`. Stop strings trim text only, never `token_ids`, so they
-    need nothing here.
+What: in `vllm/v1/engine/output_processor.py`, declares
+    `RequestState.sampling_masks` (a `MaskAccumulator` for requests whose
+    parameters say `wants_mask`, set in `RequestState.from_new_request`, else
+    None) and `RequestState.sampling_mask_error`; wraps
+    `OutputProcessor.process_outputs` to append each engine-core output's
+    supports to its request's accumulator before upstream handles the output
+    (a masked request's output with tokens but no mask raises
+    `MissingSamplingMaskError`; a mask error from the engine core is kept),
+    and `RequestState._new_completion_output` to set `sampling_mask` and
+    `sampling_mask_error` on the `CompletionOutput` it builds: all tokens so
+    far for cumulative and final outputs, the new tokens only for DELTA,
+    always the same tokens as `token_ids`.
 Why: the output processor is where per-step outputs become per-request
     results (n > 1 children each have their own request state).
-Remove when: upstream carries the mask to `CompletionOutput`.
+Remove when: upstream carries the mask to `CompletionOutput` (vLLM #49577).
 """
 
 from __future__ import annotations
 
-import functools
-
 from vllm_sampling_mask.accumulator import MaskAccumulator
+from vllm_sampling_mask.errors import MissingSamplingMaskError
+from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.validation import wants_mask
 
 
 def apply(module) -> None:
-    from vllm.logger import init_logger
     from vllm.sampling_params import RequestOutputKind
 
-    logger = init_logger(__name__)
-
-    OutputProcessor = module.OutputProcessor
     RequestState = module.RequestState
-    original_process = OutputProcessor.process_outputs
-    original_completion = RequestState._new_completion_output
+    RequestState.sampling_masks = None
+    RequestState.sampling_mask_error = None
 
-    @functools.wraps(original_process)
-    def process_outputs(self, engine_core_outputs, *args, **kwargs):
+    @wraps(module, "RequestState.from_new_request")
+    def from_new_request(wrapped, cls, args, kwargs):
+        state = wrapped(*args, **kwargs)
+        request = kwargs["request"] if "request" in kwargs else args[1]
+        if request.sampling_params is not None and wants_mask(request.sampling_params):
+            state.sampling_masks = MaskAccumulator()
+        return state
+
+    @wraps(module, "OutputProcessor.process_outputs")
+    def process_outputs(wrapped, self, args, kwargs):
+        engine_core_outputs = args[0] if args else kwargs["engine_core_outputs"]
         for out in engine_core_outputs:
-            ids = getattr(out, "sampling_mask_ids", None)
-            if ids is None:
-                continue
             state = self.request_states.get(out.request_id)
-            if state is None:
+            if state is None or state.sampling_masks is None:
                 continue
-            acc = getattr(state, "sampling_masks", None)
-            if acc is None:
-                acc = state.sampling_masks = MaskAccumulator()
-            acc.append(ids, out.sampling_mask_counts)
-        return original_process(self, engine_core_outputs, *args, **kwargs)
+            if out.sampling_mask_error is not None:
+                state.sampling_mask_error = out.sampling_mask_error
+            elif out.new_token_ids:
+                if out.sampling_mask_ids is None:
+                    raise MissingSamplingMaskError(
+                        "OutputProcessor.process_outputs",
+                        f"request {out.request_id} got {len(out.new_token_ids)} "
+                        "tokens but its EngineCoreOutput has no sampling_mask_ids")
+                state.sampling_masks.append(out.sampling_mask_ids,
+                                            out.sampling_mask_counts)
+        return wrapped(*args, **kwargs)
 
-    @functools.wraps(original_completion)
-    def _new_completion_output(self, token_ids, *args, **kwargs):
-        output = original_completion(self, token_ids, *args, **kwargs)
-        acc = getattr(self, "sampling_masks", None)
-        if acc is not None:
-            n, have = len(output.token_ids), len(acc)
-            first, last = (have - n, have) if self.output_kind == RequestOutputKind.DELTA \
-                else (0, n)
-            if first < 0 or last > have:
-                logger.error("sampling mask: request %s has %d masks for %d tokens; "
-                             "returning no mask", self.request_id, have, last)
-            else:
-                output.sampling_mask = acc.mask(first, last)
+    @wraps(module, "RequestState._new_completion_output")
+    def _new_completion_output(wrapped, self, args, kwargs):
+        output = wrapped(*args, **kwargs)
+        acc = self.sampling_masks
+        if acc is None:
+            return output
+        output.sampling_mask_error = self.sampling_mask_error
+        n, have = len(output.token_ids), len(acc)
+        first, last = ((have - n, have) if self.output_kind == RequestOutputKind.DELTA
+                       else (0, n))
+        if 0 <= first and last <= have:
+            output.sampling_mask = acc.mask(first, last)
+        else:  # a bug, reported on this request alone
+            output.sampling_mask_error = (
+                f"sampling mask: internal error: {have} supports for {last} tokens")
         return output
-
-    OutputProcessor.process_outputs = process_outputs
-    RequestState._new_completion_output = _new_completion_output

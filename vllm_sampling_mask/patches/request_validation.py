@@ -1,33 +1,43 @@
-"""Reject, per request, sampling parameters the mask cannot describe.
+"""Decide, per request, whether it carries a mask; refuse what a mask cannot describe.
 
-What: wraps `InputProcessor._validate_params` (vllm/v1/engine/input_processor.py):
-    when the engine flag is on, a generation request needs temperature > 0 and
-    top_k > 0, else `errors.SamplingMaskRequestError` (a VLLMValidationError,
-    so HTTP 400, and a ValueError for `LLM.generate`) naming the parameter.
+What: wraps `InputProcessor._validate_params` and `InputProcessor.process_inputs`
+    (vllm/v1/engine/input_processor.py). With the engine flag on, a generation
+    request needs temperature > 0 and top_k > 0, else
+    `errors.SamplingMaskRequestError` (a VLLMValidationError, so HTTP 400, and
+    a ValueError for `LLM.generate`) naming the parameter; and the request's
+    own copy of its sampling parameters gets
+    `extra_args["return_sampling_mask"] = True`, the declared per-request
+    decision every later hop reads (`validation.wants_mask`).
 Why: every request entering the engine, from `LLM` or the server, passes here
     before it reaches the engine core, so a bad request fails alone and the
-    engine keeps serving.
-Remove when: upstream validates sampling-mask requests.
+    engine keeps serving; deciding once here means the output processor knows
+    which requests must come back with a mask.
+Remove when: upstream validates sampling-mask requests (vLLM #49577).
 """
 
 from __future__ import annotations
 
-import functools
-
 from vllm_sampling_mask.config import mask_enabled
 from vllm_sampling_mask.errors import check_request
+from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.validation import MASK_ARG
 
 
 def apply(module) -> None:
     from vllm.sampling_params import SamplingParams
 
-    InputProcessor = module.InputProcessor
-    original = InputProcessor._validate_params
-
-    @functools.wraps(original)
-    def _validate_params(self, params, *args, **kwargs):
-        original(self, params, *args, **kwargs)
+    @wraps(module, "InputProcessor._validate_params")
+    def _validate_params(wrapped, self, args, kwargs):
+        wrapped(*args, **kwargs)
+        params = args[0] if args else kwargs["params"]
         if isinstance(params, SamplingParams) and mask_enabled(self.vllm_config):
             check_request(params)
 
-    InputProcessor._validate_params = _validate_params
+    @wraps(module, "InputProcessor.process_inputs")
+    def process_inputs(wrapped, self, args, kwargs):
+        request = wrapped(*args, **kwargs)
+        params = request.sampling_params
+        if params is not None and mask_enabled(self.vllm_config):
+            # `params` is the request's own clone: the caller's object is untouched.
+            params.extra_args = {**(params.extra_args or {}), MASK_ARG: True}
+        return request

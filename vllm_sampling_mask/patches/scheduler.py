@@ -1,49 +1,94 @@
 """Slice each step's masks per request into the engine-core outputs.
 
 What: in `vllm/v1/core/sched/scheduler.py`, makes the scheduler build
-    `wire.MaskedEngineCoreOutput` (a subclass with two trailing mask fields)
-    and wraps `Scheduler.update_from_output`: after upstream has cut each
+    `wire.MaskedEngineCoreOutput` (a subclass with trailing mask fields) and
+    wraps `Scheduler.update_from_output`: after upstream has cut each
     request's new tokens (stop tokens, max_tokens, preemption, aborts), each
-    output gets the supports of exactly the tokens it kept, in order.
+    output gets the support of exactly the token it kept. A row that cannot
+    describe its draw exactly (a wide row that found no slot, an empty
+    support, a sampled token outside its support, more than one token, or
+    anything unexpected) ends *that request* with finish reason ERROR and
+    `sampling_mask_error` saying why, carrying no unmasked token; the rest of
+    the batch and the engine go on. A step with tokens but no
+    `ModelRunnerOutput.sampling_masks` raises `MissingSamplingMaskError`.
 Why: the scheduler is where per-step runner rows become per-request outputs;
     slicing after upstream keeps the mask aligned with `new_token_ids` by
-    construction.
-Remove when: upstream carries the mask in `EngineCoreOutput`.
+    construction, and it can finish a single request cleanly.
+Remove when: upstream carries the mask in `EngineCoreOutput` (vLLM #49577).
 """
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
+from vllm_sampling_mask.config import mask_enabled
+from vllm_sampling_mask.errors import MissingSamplingMaskError
+from vllm_sampling_mask.patches._wrap import wraps
 from vllm_sampling_mask.wire import MaskedEngineCoreOutput
 
 
 def apply(module) -> None:
-    module.EngineCoreOutput = MaskedEngineCoreOutput
-    Scheduler = module.Scheduler
-    original = Scheduler.update_from_output
+    from vllm.logger import init_logger
+    from vllm.v1.engine import FinishReason
+    from vllm.v1.request import RequestStatus
 
-    @functools.wraps(original)
-    def update_from_output(self, scheduler_output, model_runner_output):
-        outputs = original(self, scheduler_output, model_runner_output)
-        masks = getattr(model_runner_output, "sampling_masks", None)
-        if masks is None:
+    logger = init_logger(__name__)
+    module.EngineCoreOutput = MaskedEngineCoreOutput
+
+    def fail(out: MaskedEngineCoreOutput, message: str) -> None:
+        logger.error("sampling mask: request %s ended: %s", out.request_id, message)
+        out.new_token_ids = []
+        out.new_logprobs = None
+        out.finish_reason = FinishReason.ERROR
+        out.stop_reason = None
+        out.sampling_mask_error = f"sampling mask: {message}"
+
+    @wraps(module, "Scheduler.update_from_output")
+    def update_from_output(wrapped, self, args, kwargs):
+        outputs = wrapped(*args, **kwargs)
+        if not mask_enabled(self.vllm_config):
             return outputs
+        model_runner_output = args[1] if len(args) > 1 else kwargs["model_runner_output"]
+        masks = model_runner_output.sampling_masks
         index = model_runner_output.req_id_to_index
+        failed = []
         for engine_outputs in outputs.values():
             for out in engine_outputs.outputs:
-                n = len(out.new_token_ids)
-                if n == 0 or not isinstance(out, MaskedEngineCoreOutput):
+                if not out.new_token_ids:
                     continue
-                if n != 1:
-                    raise RuntimeError(
-                        f"sampling mask: request {out.request_id} got {n} tokens in "
-                        "one step; only one is possible without speculative decoding")
-                row = masks.row(index[out.request_id])
-                out.sampling_mask_ids = np.ascontiguousarray(row, dtype=np.int32)
-                out.sampling_mask_counts = np.array([len(row)], dtype=np.int32)
+                if masks is None:
+                    raise MissingSamplingMaskError(
+                        "Scheduler.update_from_output",
+                        f"request {out.request_id} got tokens but "
+                        "ModelRunnerOutput.sampling_masks is None")
+                try:
+                    problem = _attach(out, masks, index[out.request_id])
+                except MissingSamplingMaskError:
+                    raise
+                except Exception as exc:  # one request's bad row, not the engine's
+                    logger.exception("sampling mask: request %s", out.request_id)
+                    problem = f"internal error while slicing its mask: {exc!r}"
+                if problem is not None:
+                    fail(out, problem)
+                    failed.append(out.request_id)
+        if failed:
+            self.finish_requests(failed, RequestStatus.FINISHED_ERROR)
         return outputs
 
-    Scheduler.update_from_output = update_from_output
+
+def _attach(out: MaskedEngineCoreOutput, masks, row: int) -> str | None:
+    """Put row `row` of the step's masks on `out`; or say why it cannot."""
+    if not isinstance(out, MaskedEngineCoreOutput):
+        raise MissingSamplingMaskError(
+            "Scheduler.update_from_output", f"the output of request {out.request_id} "
+            f"is a {type(out).__name__}, which has no mask fields")
+    if len(out.new_token_ids) != 1:
+        return (f"{len(out.new_token_ids)} tokens in one step; without speculative "
+                "decoding the sampler draws one")
+    problem = masks.problem(row, out.new_token_ids[0])
+    if problem is not None:
+        return problem
+    support = masks.row(row)
+    out.sampling_mask_ids = np.ascontiguousarray(support, dtype=np.int32)
+    out.sampling_mask_counts = np.array([len(support)], dtype=np.int32)
+    return None

@@ -1,0 +1,115 @@
+"""The Triton extraction kernel, run by Triton's interpreter, equals the torch path.
+
+On a CPU host `tests/conftest.py` sets TRITON_INTERPRET=1, so `use_triton=True`
+runs `extraction._support_kernel` in Triton's interpreter on CPU tensors: the
+same kernel source CUDA hosts compile. (On a CUDA host these run compiled; the
+`gpu` tests in test_gpu.py add the CUDA-only checks.) Both paths are compared
+through what the host decodes, since slot numbers may differ between them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_sampling_mask.extraction import (MAX_WIDTH, NO_SLOT, MaskLayout,
+                                           extract_support, plan_layout)
+from vllm_sampling_mask.transport import MaskCopy, decode
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def decoded(logits, layout, use_triton):
+    mask = extract_support(logits, layout, use_triton=use_triton)
+    return MaskCopy(mask, pool=None).result(np.ones(layout.rows)) if DEVICE == "cpu" \
+        else decode(mask.block.cpu().numpy(), layout, np.ones(layout.rows))
+
+
+def expected_rows(logits):
+    finite = torch.isfinite(logits.float()).cpu()
+    return [torch.nonzero(row).view(-1).numpy().astype(np.int32) for row in finite]
+
+
+def hostile_logits(rows, vocab, top_k, seed):
+    """Processed-logit-like rows: top-k cuts with coarse ties, NaN, +/-inf,
+    all-excluded rows and rows much wider than their top-k."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, vocab, generator=g).mul(4).round().div(4)   # many ties
+    kth = x.topk(top_k, dim=-1).values[:, -1:]
+    x = x.masked_fill(x < kth, float("-inf"))
+    kinds = torch.randint(0, 6, (rows,), generator=g).tolist()
+    for r, kind in enumerate(kinds):
+        if kind == 1:
+            x[r] = float("-inf")                                  # nothing kept
+        elif kind == 2:
+            x[r, torch.randint(0, vocab, (vocab // 7,), generator=g)] = float("nan")
+        elif kind == 3:
+            x[r, torch.randint(0, vocab, (5,), generator=g)] = float("inf")
+        elif kind == 4:
+            x[r, :: 3] = 0.5                                      # far wider than W
+    return x
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_kernel_equals_torch_and_isfinite_on_hostile_rows(seed):
+    rows, vocab, top_k = 24, 3001, 20
+    logits = hostile_logits(rows, vocab, top_k, seed).to(DEVICE)
+    layout = plan_layout([top_k] * rows, vocab)
+    layout = MaskLayout(rows, layout.width, rows, vocab)    # a slot for every wide row
+    want = expected_rows(logits)
+    kernel = decoded(logits, layout, use_triton=True)
+    torch_path = decoded(logits, layout, use_triton=False)
+    assert np.array_equal(kernel.counts, torch_path.counts)
+    assert kernel.counts.tolist() == [len(w) for w in want]
+    assert set(kernel.wide) == set(torch_path.wide) and kernel.wide, "no wide row tested"
+    for r in range(rows):
+        assert np.array_equal(kernel.row(r), want[r]), r
+        assert np.array_equal(torch_path.row(r), want[r]), r
+        assert np.array_equal(kernel.ids[r], torch_path.ids[r]), r
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kernel_reads_half_precision_and_strided_rows(dtype):
+    logits = hostile_logits(9, 700, 8, seed=7).to(dtype)
+    wide = torch.full((9, 900), float("-inf"), dtype=dtype)
+    wide[:, :700] = logits
+    view = wide[:, :700]                                     # row stride 900
+    layout = plan_layout([8] * 9, 700)
+    layout = MaskLayout(9, layout.width, 9, 700)
+    got = decoded(view.to(DEVICE), layout, use_triton=True)
+    for r, want in enumerate(expected_rows(logits)):
+        assert np.array_equal(got.row(r), want)
+
+
+def test_kernel_width_at_vocab_and_vocab_not_multiple_of_32():
+    vocab = 1000 + 13
+    logits = torch.randn(8, vocab)
+    logits[3, 500:] = float("-inf")
+    layout = plan_layout([vocab] * 8, vocab)          # top_k >= V: no top-k
+    assert layout.width == min(vocab, MAX_WIDTH)
+    got = decoded(logits.to(DEVICE), layout, use_triton=True)
+    for r, want in enumerate(expected_rows(logits)):
+        assert np.array_equal(got.row(r), want)
+
+
+def test_kernel_marks_wide_rows_beyond_the_slots_lost():
+    vocab = 2048
+    logits = torch.zeros(6, vocab)
+    logits[:, ::2] = float("-inf")                    # 1024 kept per row, top-k 4
+    layout = MaskLayout(6, 4 + 16, 2, vocab)
+    mask = extract_support(logits.to(DEVICE), layout, use_triton=True)
+    meta = mask.block[: 6 * 3].view(6, 3).cpu()
+    assert (meta[:, 1] == NO_SLOT).sum() == 4
+    got = decode(mask.block.cpu().numpy(), layout, np.ones(6))
+    assert len(got.lost) == 4 and len(got.wide) == 2
+    for r in got.wide:
+        assert got.row(r).tolist() == list(range(1, vocab, 2))
+    for r in got.lost:
+        assert got.problem(r, 1) is not None
+
+
+def test_empty_batch():
+    layout = plan_layout([], 100)
+    mask = extract_support(torch.zeros(0, 100, device=DEVICE), layout, use_triton=True)
+    assert mask.block.numel() == layout.numel

@@ -1,0 +1,204 @@
+"""The seam contract: what each patch relies on in vLLM 0.27.1 (and Triton 3.9).
+
+For every patch, the upstream functions it wraps with their parameter names (the
+wrappers read arguments by position or name), and the attributes, fields and
+names it reads or replaces. When an upstream release moves any of them, the
+failure names the patch (the seam) and what moved, before any engine starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+
+import pytest
+
+from vllm_sampling_mask import patching
+from vllm_sampling_mask.patches import REGISTRY
+
+GPU = "vllm.v1.worker.gpu"
+
+# patch -> [(module, qualified name, parameter names of the original)]
+FUNCTIONS = {
+    "engine_args": [
+        ("vllm.engine.arg_utils", "EngineArgs.add_cli_args", ["parser"]),
+        ("vllm.engine.arg_utils", "EngineArgs.create_model_config", ["self"]),
+        ("vllm.engine.arg_utils", "EngineArgs.create_engine_config",
+         ["self", "usage_context", "headless"]),
+    ],
+    "request_validation": [
+        ("vllm.v1.engine.input_processor", "InputProcessor._validate_params",
+         ["self", "params", "supported_tasks"]),
+        ("vllm.v1.engine.input_processor", "InputProcessor.process_inputs",
+         ["self", "request_id", "prompt", "params", "supported_tasks", "arrival_time",
+          "lora_request", "tokenization_kwargs", "trace_headers", "priority",
+          "data_parallel_rank", "resumable"]),
+    ],
+    "sampler": [
+        (f"{GPU}.sample.sampler", "Sampler.sample",
+         ["self", "logits", "expanded_idx_mapping", "idx_mapping_np", "pos", "input_ids",
+          "expanded_local_pos", "return_logprobs"]),
+        (f"{GPU}.sample.sampler", "Sampler.__call__", ["self", "logits", "input_batch"]),
+    ],
+    "runner": [
+        (f"{GPU}.model_runner", "GPUModelRunner.load_model",
+         ["self", "load_dummy_weights", "args", "kwargs"]),
+        (f"{GPU}.model_runner", "GPUModelRunner._dummy_sampler_run",
+         ["self", "hidden_states"]),
+    ],
+    "async_output": [
+        (f"{GPU}.async_utils", "AsyncOutput.__init__",
+         ["self", "model_runner_output", "sampler_output", "num_sampled_tokens",
+          "main_stream", "copy_stream", "check_ep_fault"]),
+        (f"{GPU}.async_utils", "AsyncOutput.get_output", ["self"]),
+        (f"{GPU}.async_utils", "stream", ["to_stream", "from_stream"]),
+    ],
+    "scheduler": [
+        ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output",
+         ["self", "scheduler_output", "model_runner_output"]),
+        ("vllm.v1.core.sched.scheduler", "Scheduler.finish_requests",
+         ["self", "request_ids", "finished_status"]),
+    ],
+    "output_processor": [
+        ("vllm.v1.engine.output_processor", "OutputProcessor.process_outputs",
+         ["self", "engine_core_outputs", "engine_core_timestamp", "iteration_stats"]),
+        ("vllm.v1.engine.output_processor", "RequestState.from_new_request",
+         ["tokenizer", "request", "prompt", "parent_req", "request_index", "queue",
+          "log_stats", "stream_interval"]),
+        ("vllm.v1.engine.output_processor", "RequestState._new_completion_output",
+         ["self", "token_ids", "finish_reason", "stop_reason"]),
+    ],
+    "completion_output": [
+        ("vllm.outputs", "RequestOutput.add", ["self", "next_output", "aggregate"]),
+    ],
+    "generate_endpoint": [
+        ("vllm.entrypoints.scale_out.token_in_token_out.serving",
+         "ServingTokens.serve_tokens", ["self", "request", "raw_request"]),
+        ("vllm.entrypoints.scale_out.token_in_token_out.serving",
+         "ServingTokens.serve_tokens_full_generator",
+         ["self", "request", "result_generator", "request_id", "model_name",
+          "request_metadata"]),
+    ],
+    "interpreter_dummy_run": [
+        (f"{GPU}.model_runner", "GPUModelRunner._dummy_sampler_run",
+         ["self", "hidden_states"]),
+    ],
+    "interpreter_patch_cache": [("triton.runtime.interpreter", "_patch_lang", ["fn"])],
+}
+
+# patch -> [(module, dotted name that must exist)]
+NAMES = {
+    "metadata_alias": [("vllm.version", "__version__")],
+    "interpreter_has_triton": [("vllm.triton_utils.importing", "HAS_TRITON")],
+    "interpreter_libdevice": [(f"{GPU}.sample.gumbel", "tldevice")],
+    "model_config": [("vllm.config.model", "ModelConfig")],
+    "core_client": [("vllm.v1.engine.core_client", "EngineCoreOutputs")],
+    "scheduler": [("vllm.v1.core.sched.scheduler", "EngineCoreOutput"),
+                  ("vllm.v1.engine", "FinishReason.ERROR"),
+                  ("vllm.v1.request", "RequestStatus.FINISHED_ERROR")],
+    "generate_endpoint": [
+        ("vllm.entrypoints.scale_out.token_in_token_out.serving", "GenerateResponse"),
+        ("vllm.entrypoints.scale_out.token_in_token_out.serving",
+         "GenerateResponseChoice"),
+        ("vllm.entrypoints.scale_out.token_in_token_out.serving",
+         "ServingTokens.create_error_response"),
+        ("vllm.entrypoints.openai.engine.protocol", "GenerationError")],
+    "output_processor": [("vllm.sampling_params", "RequestOutputKind.DELTA")],
+}
+
+# patch -> [(module, dataclass, fields it reads)]
+FIELDS = {
+    "sampler": [(f"{GPU}.sample.output", "SamplerOutput", ["sampled_token_ids"])],
+    "runner_output": [("vllm.v1.outputs", "ModelRunnerOutput",
+                       ["req_ids", "req_id_to_index", "sampled_token_ids"])],
+    "completion_output": [("vllm.outputs", "CompletionOutput",
+                           ["index", "token_ids", "finish_reason"])],
+    "engine_args": [("vllm.engine.arg_utils", "EngineArgs",
+                     ["logprobs_mode", "speculative_config", "logits_processors"])],
+}
+
+# patch -> [(module, function, attribute names its source must still use)]
+SOURCE_USES = {
+    "sampler": [(f"{GPU}.sample.sampler", "Sampler.__init__",
+                 ["self.sampling_states", "self.use_flashinfer"]),
+                (f"{GPU}.sample.states", "SamplingStates.__init__",
+                 ["self.top_k", "self.vocab_size"])],
+    "runner": [(f"{GPU}.model_runner", "GPUModelRunner.load_model",
+                ["self.sampler = Sampler("])],
+    "async_output": [(f"{GPU}.async_utils", "AsyncOutput.__init__",
+                      ["self.num_sampled_tokens_np", "self.copy_event.record(copy_stream)"]),
+                     (f"{GPU}.async_utils", "AsyncOutput.get_output",
+                      ["self.copy_event.synchronize()"])],
+    "output_processor": [("vllm.v1.engine.output_processor", "OutputProcessor.__init__",
+                          ["self.request_states"])],
+}
+
+
+def _resolve(module: str, dotted: str):
+    obj = importlib.import_module(module)
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _original(fn):
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return fn
+
+
+def _cases(table):
+    return [pytest.param(patch, *row, id=f"{patch}:{row[1]}")
+            for patch, rows in table.items() for row in rows]
+
+
+def test_every_patch_has_a_contract():
+    covered = set(FUNCTIONS) | set(NAMES) | set(FIELDS) | set(SOURCE_USES)
+    assert set(REGISTRY) <= covered | {"interpreter_top_k_top_p"}, \
+        sorted(set(REGISTRY) - covered)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def patched():
+    patching.apply_all()
+
+
+@pytest.mark.parametrize("patch,module,name,params", _cases(FUNCTIONS))
+def test_wrapped_functions_keep_their_signatures(patch, module, name, params):
+    try:
+        fn = _original(_resolve(module, name))
+    except AttributeError:
+        pytest.fail(f"seam {patch!r} moved: {module}.{name} no longer exists")
+    got = list(inspect.signature(fn).parameters)
+    assert got == params, f"seam {patch!r} moved: {module}.{name}{tuple(got)}"
+
+
+@pytest.mark.parametrize("patch,module,name", _cases(NAMES))
+def test_names_the_patches_use_exist(patch, module, name):
+    try:
+        _resolve(module, name)
+    except AttributeError:
+        pytest.fail(f"seam {patch!r} moved: {module}.{name} no longer exists")
+
+
+@pytest.mark.parametrize("patch,module,name,fields", _cases(FIELDS))
+def test_dataclass_fields_the_patches_read_exist(patch, module, name, fields):
+    have = {f.name for f in dataclasses.fields(_resolve(module, name))}
+    missing = sorted(set(fields) - have)
+    assert not missing, f"seam {patch!r} moved: {module}.{name} lost fields {missing}"
+
+
+@pytest.mark.parametrize("patch,module,name,uses", _cases(SOURCE_USES))
+def test_upstream_code_still_sets_what_the_patches_read(patch, module, name, uses):
+    source = inspect.getsource(_original(_resolve(module, name)))
+    missing = [u for u in uses if u not in source]
+    assert not missing, f"seam {patch!r} moved: {module}.{name} no longer has {missing}"
+
+
+def test_versions_the_patches_were_written_against():
+    import triton
+    import vllm
+    assert vllm.__version__.split("+")[0] == "0.27.1", "every seam: vLLM moved"
+    assert triton.__version__.startswith("3.9."), (
+        f"interpreter patches: written for Triton 3.9, found {triton.__version__}")
