@@ -7,6 +7,7 @@ Triton's interpreter.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -27,6 +28,49 @@ from vllm_sampling_mask import DEMO_MODEL  # noqa: E402
 ENGINE_KWARGS = dict(
     model=DEMO_MODEL, dtype="float32", max_model_len=512, enforce_eager=True,
     seed=0, return_sampling_mask=True, logprobs_mode="processed_logprobs")
+
+
+PROMPTS = [
+    "def main():\n    ",
+    "import os\nimport sys\n\n",
+    "class Parser:\n    def __init__(self",
+    "    for i in range(",
+    "# Copyright 2001 Python Software Foundation\n",
+    "        return self.",
+    "if __name__ == '__main__':\n",
+    "    raise ValueError(",
+]
+
+
+@contextlib.contextmanager
+def native_v1():
+    """Engines built inside this block run vLLM's V1 runner natively: the processes
+    they spawn see neither TRITON_INTERPRET nor VLLM_USE_V2_MODEL_RUNNER=1."""
+    saved = {k: os.environ.get(k) for k in ("TRITON_INTERPRET", "VLLM_USE_V2_MODEL_RUNNER")}
+    os.environ.pop("TRITON_INTERPRET", None)
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def check_alignment(completion, vocab_size):
+    """One mask per token, sampled token inside, ids unique, sorted, in range."""
+    from vllm_sampling_mask import SamplingMask
+    mask = completion.sampling_mask
+    assert isinstance(mask, SamplingMask)
+    assert len(mask) == len(completion.token_ids)
+    for token, support in zip(completion.token_ids, mask.token_ids):
+        assert len(support) >= 1
+        assert token in support
+        assert support == sorted(set(support))
+        assert 0 <= support[0] and support[-1] < vocab_size
+    return mask
 
 
 @pytest.fixture(scope="session")

@@ -126,11 +126,15 @@ class MaskCopy:
     """An in-flight device-to-host copy of one step's `DeviceMask`.
 
     Construct it with the copy stream current (after it waited for the main
-    stream); call `result` only once the copy stream's work has completed.
+    stream). Either call `result` once that stream's work has completed (MRv2:
+    after the runner's copy event), or pass `record_event=True` and `result`
+    waits for an event recorded right after this copy.
     """
 
-    def __init__(self, mask: DeviceMask, pool: PinnedPool | None) -> None:
+    def __init__(self, mask: DeviceMask, pool: PinnedPool | None, *,
+                 record_event: bool = False) -> None:
         self.layout = mask.layout
+        self._event = None
         # Referenced until `result`: the copy below reads it on another stream.
         self._device_block = mask.block
         self._pool = pool
@@ -143,12 +147,17 @@ class MaskCopy:
             self._host.copy_(mask.block, non_blocking=True)
         else:
             self._host = mask.block.to("cpu", non_blocking=True)
+        if record_event and mask.block.device.type == "cuda":
+            self._event = torch.cuda.Event(blocking=True)
+            self._event.record()
 
     def result(self, num_sampled=None) -> StepMasks:
-        """Decode the copy. Host work only: the copy must have completed."""
+        """Decode the copy: host work only, after the copy has completed."""
+        if self._event is not None:
+            self._event.synchronize()
         try:
             return decode(self._host.numpy(), self.layout, num_sampled)
         finally:
             if self._buffer is not None:
                 self._pool.give_back(self._buffer)
-            self._device_block = self._buffer = self._host = None
+            self._device_block = self._buffer = self._host = self._event = None

@@ -1,8 +1,9 @@
 """Run vLLM's Triton top-k/top-p kernel under Triton's interpreter.
 
 What: under TRITON_INTERPRET=1, wraps `triton.runtime.interpreter._patch_lang_core`
-    (Triton 3.9) so that, inside every interpreted launch, `tl.range` yields
-    scalar Triton integer tensors instead of Python ints. Their dtype is the one
+    (Triton 3.9) so that, inside every interpreted kernel (not only this
+    one), `tl.range` yields scalar Triton integer tensors instead of Python
+    ints, as compiled Triton does (so its integer arithmetic wraps as on a GPU). Their dtype is the one
     compiled Triton gives the loop variable: start, end and step promoted
     together (int32 for int32 bounds). The values are those of Python's
     `range`. `tl.static_range` and the builtin `range` keep yielding ints
@@ -14,9 +15,9 @@ Why: compiled Triton makes a `tl.range` loop variable a tensor, but the
     `vllm.v1.sample.ops.topk_topp_triton` calls `row_id.to(tl.int64)` on its
     `tl.range` variable, so interpreted it failed with "'int' object has no
     attribute 'to'". With HAS_TRITON true (interpreter_has_triton), vLLM's CPU
-    path uses that kernel for every batch size. This patch makes it run, so the
-    tokens it keeps are the kernel's own (exactly k on a tie at the k-th logit,
-    for example), not those of the PyTorch fallback.
+    path would use that kernel for every batch size. This patch makes it run,
+    so a test can check masks against what the GPU kernel keeps, while the
+    other CPU tests keep the CPU host's own top-k/top-p.
 Remove when: Triton's interpreter yields tensors from `tl.range` (its
     `_patch_lang_core` maps `tl.range` to Python's `range`), or
     `_topk_topp_kernel` stops calling tensor methods on its `tl.range`
@@ -26,6 +27,7 @@ Remove when: Triton's interpreter yields tensors from `tl.range` (its
 from __future__ import annotations
 
 import operator
+import os
 
 from vllm_sampling_mask.interpreter import triton_interpreter_on
 
@@ -61,21 +63,32 @@ def _make_tensor_range(interpreter):
     return tensor_range
 
 
+TRITON_TOPK = "VLLM_SAMPLING_MASK_TRITON_TOPK"
+
+
 def apply(module) -> None:
-    del module  # the kernel is vLLM's; the gap is in Triton's interpreter
     global _applied
     if _applied or not triton_interpreter_on():
         return
     import triton.runtime.interpreter as interpreter
-    import wrapt
+
+    from vllm_sampling_mask.patches._wrap import wraps
+
+    if os.environ.get(TRITON_TOPK, "0") in ("", "0"):
+        @wraps(module, "apply_top_k_top_p")
+        def apply_top_k_top_p(wrapped, instance, args, kwargs):
+            logits, k, p = args
+            if logits.device.type == "cpu" and (k is not None or p is not None):
+                return module.apply_top_k_top_p_pytorch(logits, k, p, allow_cpu_sync=True)
+            return wrapped(*args, **kwargs)
 
     tensor_range = _make_tensor_range(interpreter)
 
-    def patch_lang_core(wrapped, instance, args, kwargs):
-        result = wrapped(*args, **kwargs)
+    @wraps(interpreter, "_patch_lang_core")
+    def _patch_lang_core(original, instance, args, kwargs):
+        result = original(*args, **kwargs)
         lang, scope = args[0], args[1]
         scope.set_attr(lang, "range", tensor_range)  # restored with the launch's scope
         return result
 
-    wrapt.wrap_function_wrapper(interpreter, "_patch_lang_core", patch_lang_core)
     _applied = True
