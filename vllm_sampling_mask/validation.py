@@ -29,22 +29,16 @@ def startup_errors(*, logprobs_mode: str, use_v2_model_runner: bool,
             f"{FLAG} requires --logprobs-mode processed_logprobs (got "
             f"{logprobs_mode!r}): returned logprobs must be normalised over the "
             "same support as the mask.")
-    if not use_v2_model_runner:
-        errors.append(
-            f"{FLAG} requires Model Runner V2, but the V1 model runner was "
-            "selected. Set VLLM_USE_V2_MODEL_RUNNER=1 (on a CPU host also "
-            "TRITON_INTERPRET=1, which runs MRv2's Triton kernels in Triton's "
-            "interpreter).")
     if speculative:
         errors.append(
             f"{FLAG} does not support speculative decoding: remove "
             "--speculative-config (the rejection sampler draws from a different "
             "distribution than the mask describes).")
-    if logits_processors:
+    if logits_processors and use_v2_model_runner:
         errors.append(
-            f"{FLAG} does not support engine-level custom logits processors: "
-            "remove --logits-processors (they change the support after the "
-            "sampler's own processors).")
+            f"{FLAG} supports engine-level custom logits processors on the V1 "
+            "model runner only (Model Runner V2 has no such processors): remove "
+            "--logits-processors, or set VLLM_USE_V2_MODEL_RUNNER=0.")
     if runner_type != "generate":
         errors.append(
             f"{FLAG} applies only to generative models, not to a "

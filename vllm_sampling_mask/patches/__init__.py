@@ -14,15 +14,20 @@ REGISTRY: dict[str, str] = {
     "interpreter_libdevice": "vllm.v1.worker.gpu.sample.gumbel",
     "interpreter_patch_cache": "triton.runtime.interpreter",
     "interpreter_dummy_run": "vllm.v1.worker.gpu.model_runner",
+    # The V1 runner on a CPU host: seeded requests with chunked prompts.
+    "cpu_generator_rewind": "vllm.v1.worker.gpu_model_runner",
     # The engine flag and its validation.
     "model_config": "vllm.config.model",
     "engine_args": "vllm.engine.arg_utils",
     "request_validation": "vllm.v1.engine.input_processor",
-    # The mask's path: sampler -> runner output -> scheduler -> client -> user.
+    # The mask's path: sampler -> runner output -> scheduler -> client -> user
+    # (Model Runner V2, then the V1 runner's sampler and runner).
     "sampler": "vllm.v1.worker.gpu.sample.sampler",
     "runner": "vllm.v1.worker.gpu.model_runner",
     "async_output": "vllm.v1.worker.gpu.async_utils",
     "runner_output": "vllm.v1.outputs",
+    "sampler_v1": "vllm.v1.sample.sampler",
+    "runner_v1": "vllm.v1.worker.gpu_model_runner",
     "scheduler": "vllm.v1.core.sched.scheduler",
     "core_client": "vllm.v1.engine.core_client",
     "output_processor": "vllm.v1.engine.output_processor",

@@ -28,8 +28,9 @@ HELP = (
     "Return, for every generated token, the ids the sampler could draw it from "
     "(the support after logits processors, top-k, top-p and min-p) as "
     "`CompletionOutput.sampling_mask` and `choices[].sampling_mask` of "
-    "/inference/v1/generate. Requires --logprobs-mode processed_logprobs and "
-    "Model Runner V2; every request needs temperature > 0 and top_k > 0.")
+    "/inference/v1/generate. Requires --logprobs-mode processed_logprobs; works "
+    "on the V1 model runner and on Model Runner V2; every request needs "
+    "temperature > 0 and top_k > 0.")
 
 
 def apply(module) -> None:
@@ -53,13 +54,18 @@ def apply(module) -> None:
         model_config.return_sampling_mask = bool(self.return_sampling_mask)
         return model_config
 
+    from vllm import envs
+    from vllm.logger import init_logger
+    logger = init_logger(__name__)
+
     @wraps(module, "EngineArgs.create_engine_config")
     def create_engine_config(wrapped, self, args, kwargs):
         if self.return_sampling_mask:
             # What the arguments already say is checked first, so these errors
             # come before any upstream complaint about the same settings.
             _raise(startup_errors(
-                logprobs_mode=self.logprobs_mode, use_v2_model_runner=True,
+                logprobs_mode=self.logprobs_mode,
+                use_v2_model_runner=envs.VLLM_USE_V2_MODEL_RUNNER is True,
                 speculative=bool(self.speculative_config),
                 logits_processors=self.logits_processors, runner_type="generate",
                 is_diffusion=False))
@@ -73,6 +79,9 @@ def apply(module) -> None:
                 logits_processors=mc.logits_processors,
                 runner_type=mc.runner_type,
                 is_diffusion=bool(mc.is_diffusion)))
+            logger.info("Sampling masks on: every generated token returns its support "
+                        "(%s).", "Model Runner V2" if config.use_v2_model_runner
+                        else "V1 model runner")
         return config
 
 

@@ -1,16 +1,21 @@
-"""`ModelRunnerOutput.sampling_masks`: the runner-to-scheduler hop's declared field.
+"""`ModelRunnerOutput.sampling_masks` and the V1 `SamplerOutput.sampling_mask`.
 
-What: adds the dataclass field `sampling_masks: StepMasks | None = None` to
-    `ModelRunnerOutput` (vllm/v1/outputs.py), in every process that imports it
-    (the worker fills it in `async_output`, the scheduler reads it).
+What: in `vllm/v1/outputs.py`, adds the dataclass fields
+    `ModelRunnerOutput.sampling_masks: StepMasks | None = None` (the
+    runner-to-scheduler hop, in every process that imports it: the worker
+    fills it in `async_output` or `runner_v1`, the scheduler reads it) and
+    `SamplerOutput.sampling_mask: DeviceMask | None = None` (the V1 runner's
+    sampler output; `sampler_v1` fills it).
 Why: a declared field pickles with the output and reads back as None only
     when the producer really wrote nothing, which the scheduler then refuses.
 Remove when: upstream carries the mask in `ModelRunnerOutput` (vLLM #49577).
 """
 
+from vllm_sampling_mask.extraction import DeviceMask
 from vllm_sampling_mask.patches._dataclass import add_field
 from vllm_sampling_mask.transport import StepMasks
 
 
 def apply(module) -> None:
     add_field(module.ModelRunnerOutput, "sampling_masks", StepMasks | None, None)
+    add_field(module.SamplerOutput, "sampling_mask", DeviceMask | None, None)
