@@ -1,5 +1,6 @@
-"""The in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0): no serialisation
-between scheduler and client, so the mask takes the direct path."""
+"""The in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0) on the V1 runner,
+natively: no serialisation between scheduler and client, so the mask takes the
+direct path."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ SCRIPT = textwrap.dedent("""
     import vllm.v1.engine.core_client as cc
     llm = LLM(**ENGINE_KWARGS)
     assert type(llm.llm_engine.engine_core).__name__ == "InprocClient"
+    runner, = llm.collective_rpc(lambda w: type(w.model_runner).__module__)
+    assert runner == "vllm.v1.worker.cpu_model_runner", runner
     params = [SamplingParams(temperature=t, top_k=k, top_p=p, max_tokens=12, n=n,
                              seed=s, logprobs=0)
               for t, k, p, n, s in [(0.8, 20, 1.0, 1, 1), (1.0, 40, 0.9, 2, 2)]]
@@ -40,7 +43,8 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_inprocess_engine_returns_exact_masks(hf_model):
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_V2_MODEL_RUNNER="0")  # V1
     here = os.path.dirname(os.path.abspath(__file__))
     r = subprocess.run([sys.executable, "-c", SCRIPT, here], env=env,
                        capture_output=True, text=True, timeout=600)

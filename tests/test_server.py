@@ -1,4 +1,5 @@
-"""A real `vllm serve` process (the stock CLI, patched by the site hook)."""
+"""A real `vllm serve` process (the stock CLI, patched by the site hook), on the
+V1 runner natively."""
 
 from __future__ import annotations
 
@@ -19,9 +20,14 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    log = tmp_path_factory.mktemp("serve") / "vllm-serve.log"
-    with serving(free_port(), str(log), extra=["--max-num-seqs", "8"]) as base:
+def server_log(tmp_path_factory):
+    return tmp_path_factory.mktemp("serve") / "vllm-serve.log"
+
+
+@pytest.fixture(scope="module")
+def server(server_log):
+    log = server_log
+    with serving(free_port(), str(log), extra=["--max-num-seqs", "8"], runner="v1") as base:
         yield base
 
 
@@ -38,6 +44,13 @@ def generate(base, token_ids, **sampling):
 
 def assert_healthy(base):
     assert requests.get(base + "/health", timeout=30).status_code == 200
+
+
+def test_start_up_logs_that_masks_are_on_and_the_runner(server, server_log):
+    text = server_log.read_text()
+    line = next(l for l in text.splitlines() if "Sampling masks on" in l)
+    assert "V1 model runner" in line
+    assert "TRITON_INTERPRET" not in text
 
 
 def test_generate_returns_one_mask_per_token(server, tok):

@@ -3,10 +3,11 @@
     python -m vllm_sampling_mask.demo [--port 8123] [--prompt TEXT]
 
 Starts the stock `vllm serve` (the fork is active in it through the site
-hook) on the demo model with `--return-sampling-mask`, Model Runner V2 (on a
-CPU host through Triton's interpreter), float32 and processed logprobs; sends
-one request to `POST /inference/v1/generate`; prints each generated token
-with its logprob and the ids it was sampled from; then stops the server.
+hook) on the demo model with `--return-sampling-mask`, float32, processed
+logprobs and a 1 GB KV cache, on the runner vLLM picks (the V1 runner on a CPU
+host, natively); sends one request to `POST /inference/v1/generate`; prints
+each generated token with its logprob and the ids it was sampled from; then
+stops the server.
 """
 
 from __future__ import annotations
@@ -29,19 +30,25 @@ def server_command(port: int, model: str = DEMO_MODEL, extra=()) -> list[str]:
     exe = os.path.join(os.path.dirname(sys.executable), "vllm")
     return [exe, "serve", model, "--port", str(port), "--host", "127.0.0.1",
             "--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
+            "--kv-cache-memory-bytes", "1G",
             "--return-sampling-mask", "--logprobs-mode", "processed_logprobs", *extra]
 
 
-def server_env() -> dict[str, str]:
+def server_env(runner: str | None = None) -> dict[str, str]:
+    """The server's environment: as it is (vLLM picks the runner), or with the
+    runner forced: "v1" (natively), "mrv2" (on a CPU host through Triton's
+    interpreter, as the MRv2 tests run it)."""
     env = dict(os.environ)
-    env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    try:
+    if runner == "v1":
+        env.pop("TRITON_INTERPRET", None)
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    elif runner == "mrv2":
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
         import torch
         if not torch.cuda.is_available():
-            env.setdefault("TRITON_INTERPRET", "1")
-    except ImportError:
-        pass
+            env["TRITON_INTERPRET"] = "1"
+    elif runner is not None:
+        raise ValueError(f"runner must be None, 'v1' or 'mrv2', not {runner!r}")
     return env
 
 
@@ -71,11 +78,11 @@ def post_json(url: str, body: dict, timeout: float = 600) -> tuple[int, dict]:
 
 
 @contextlib.contextmanager
-def serving(port: int, log_path: str, extra=()):
+def serving(port: int, log_path: str, extra=(), runner: str | None = None):
     """Run `vllm serve` on the demo model (mask on) until the block exits; yields its URL."""
     base = f"http://127.0.0.1:{port}"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(server_command(port, extra=extra), env=server_env(),
+        proc = subprocess.Popen(server_command(port, extra=extra), env=server_env(runner),
                                 stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_healthy(base, proc)
@@ -101,7 +108,7 @@ def main() -> None:
 
     log_path = os.path.join(tempfile.gettempdir(), f"vllm-sampling-mask-demo-{args.port}.log")
     print("starting:", " ".join(server_command(args.port)), flush=True)
-    print(f"(server log: {log_path}; start-up takes about a minute on 2 CPU cores)", flush=True)
+    print(f"(server log: {log_path}; start-up takes about 30 s on 2 CPU cores)", flush=True)
     with serving(args.port, log_path) as base:
         body = {"model": DEMO_MODEL, "token_ids": prompt_ids,
                 "sampling_params": {"temperature": 0.8, "top_k": 20, "top_p": 0.9,

@@ -244,7 +244,10 @@ def _extract_torch(logits: torch.Tensor, block: torch.Tensor, layout: MaskLayout
     meta[:, 1] = NOT_WIDE
     meta[:, 2] = 0
     width, vocab = layout.width, layout.vocab_size
-    chunk = max(1, CHUNK_ELEMENTS // max(vocab, 1))
+    # Rows that may keep most of the vocabulary (no top-k) make the kept indices
+    # as large as the chunk: take smaller chunks then.
+    elements = CHUNK_ELEMENTS if layout.slots <= SPARE_WIDE_SLOTS else CHUNK_ELEMENTS // 4
+    chunk = max(1, elements // max(vocab, 1))
     scratch = torch.empty((min(chunk, layout.rows) * vocab + 7) // 8 * 8,
                           dtype=torch.bool, device=logits.device)
     next_slot = 0

@@ -56,7 +56,7 @@ def apply(module) -> None:
 
     from vllm import envs
     from vllm.logger import init_logger
-    logger = init_logger(__name__)
+    logger = init_logger("vllm.sampling_mask")
 
     @wraps(module, "EngineArgs.create_engine_config")
     def create_engine_config(wrapped, self, args, kwargs):

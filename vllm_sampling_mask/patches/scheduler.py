@@ -32,7 +32,7 @@ def apply(module) -> None:
     from vllm.v1.engine import FinishReason
     from vllm.v1.request import RequestStatus
 
-    logger = init_logger(__name__)
+    logger = init_logger("vllm.sampling_mask")
     module.EngineCoreOutput = MaskedEngineCoreOutput
 
     def fail(out: MaskedEngineCoreOutput, message: str) -> None:
