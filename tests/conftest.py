@@ -73,6 +73,28 @@ def check_alignment(completion, vocab_size):
     return mask
 
 
+def assert_supports_match_reference(outs, cases, model) -> int:
+    """Every returned support against `reference_support` of `model`'s float32
+    logits: ids surely in are in, ids surely out are out; ids within eps of a
+    threshold go either way and must stay rare. Returns the tokens compared."""
+    compared = ambiguous = 0
+    for out, case in zip(outs, cases):
+        c = out.outputs[0]
+        logits = hf_logits(model, out.prompt_token_ids, c.token_ids)
+        for t, support in enumerate(c.sampling_mask.token_ids):
+            surely_in, surely_out = reference_support(
+                logits[t], case["temperature"], case["top_k"],
+                case.get("top_p", 1.0), case.get("min_p", 0.0))
+            got = set(support)
+            assert surely_in <= got, (t, sorted(surely_in - got))
+            assert not (got & surely_out), (t, sorted(got & surely_out))
+            ambiguous += len(logits[t]) - len(surely_in) - len(surely_out)
+            compared += 1
+    assert compared == sum(len(o.outputs[0].token_ids) for o in outs)
+    assert ambiguous <= compared // 10   # threshold cases are rare, not the rule
+    return compared
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from transformers import AutoTokenizer

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_sampling_mask.extraction import (MAX_WIDTH, NO_SLOT, MaskLayout,
+from vllm_sampling_mask.extraction import (NO_SLOT, MaskLayout, extract_selected,
                                            extract_support, plan_layout)
 from vllm_sampling_mask.transport import MaskCopy, decode
 
@@ -23,7 +23,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 def decoded(logits, layout, use_triton):
     mask = extract_support(logits, layout, use_triton=use_triton)
     return MaskCopy(mask, pool=None).result(np.ones(layout.rows)) if DEVICE == "cpu" \
-        else decode(mask.block.cpu().numpy(), layout, np.ones(layout.rows))
+        else decode(mask.block.cpu().numpy(), layout, mask.row_of(), np.ones(layout.rows))
 
 
 def expected_rows(logits):
@@ -87,7 +87,7 @@ def test_kernel_width_at_vocab_and_vocab_not_multiple_of_32():
     logits = torch.randn(8, vocab)
     logits[3, 500:] = float("-inf")
     layout = plan_layout([vocab] * 8, vocab)          # top_k >= V: no top-k
-    assert layout.width == min(vocab, MAX_WIDTH)
+    assert layout.width == vocab                        # the size limit exceeds V
     got = decoded(logits.to(DEVICE), layout, use_triton=True)
     for r, want in enumerate(expected_rows(logits)):
         assert np.array_equal(got.row(r), want)
@@ -101,12 +101,25 @@ def test_kernel_marks_wide_rows_beyond_the_slots_lost():
     mask = extract_support(logits.to(DEVICE), layout, use_triton=True)
     meta = mask.block[: 6 * 3].view(6, 3).cpu()
     assert (meta[:, 1] == NO_SLOT).sum() == 4
-    got = decode(mask.block.cpu().numpy(), layout, np.ones(6))
+    got = decode(mask.block.cpu().numpy(), layout, np.arange(6), np.ones(6))
     assert len(got.lost) == 4 and len(got.wide) == 2
     for r in got.wide:
         assert got.row(r).tolist() == list(range(1, vocab, 2))
     for r in got.lost:
         assert got.problem(r, 1) is not None
+
+
+def test_kernel_extracts_only_the_selected_rows():
+    logits = hostile_logits(10, 999, 12, seed=3).to(DEVICE)
+    wanted = np.array([i % 3 == 1 for i in range(10)])
+    kernel = extract_selected(logits, np.full(10, 12), wanted, max_size=4096)
+    assert kernel.layout.rows == int(wanted.sum())
+    got = decode(kernel.block.cpu().numpy(), kernel.layout, kernel.row_of(), np.ones(10))
+    want = expected_rows(logits)
+    for r in np.flatnonzero(wanted):
+        if r not in got.lost:
+            assert np.array_equal(got.row(r), want[r])
+    assert not any(got.wants(r) for r in np.flatnonzero(~wanted))
 
 
 def test_empty_batch():

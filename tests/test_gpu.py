@@ -43,8 +43,8 @@ def test_compiled_kernel_equals_torch_path_at_real_vocabulary(rows, top_k):
     kernel = extract_support(logits, layout, use_triton=True)
     reference = extract_support(logits, layout, use_triton=False)
     torch.cuda.synchronize()
-    got = decode(kernel.block.cpu().numpy(), layout, np.ones(rows))
-    want = decode(reference.block.cpu().numpy(), layout, np.ones(rows))
+    got = decode(kernel.block.cpu().numpy(), layout, np.arange(rows), np.ones(rows))
+    want = decode(reference.block.cpu().numpy(), layout, np.arange(rows), np.ones(rows))
     assert np.array_equal(got.counts, want.counts) and got.wide.keys() == want.wide.keys()
     finite = torch.isfinite(logits).cpu()
     for r in range(rows):
@@ -60,7 +60,7 @@ def test_copy_reads_its_block_even_when_the_main_stream_reuses_memory():
     logits = _processed(rows, VOCAB, top_k, seed=1)
     layout = plan_layout([top_k] * rows, VOCAB)
     want = decode(extract_support(logits, layout, use_triton=False).block.cpu().numpy(),
-                  layout, np.ones(rows))
+                  layout, np.arange(rows), np.ones(rows))
     pool, copy_stream, main = PinnedPool(), torch.cuda.Stream(), torch.cuda.current_stream()
     copies = []
     for _ in range(4):                        # several steps in flight

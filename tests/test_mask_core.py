@@ -6,10 +6,10 @@ import torch
 
 from vllm_sampling_mask import SamplingMask
 from vllm_sampling_mask.accumulator import MaskAccumulator
-from vllm_sampling_mask.extraction import (MAX_WIDTH, SPARE_WIDE_SLOTS, TIE_MARGIN,
+from vllm_sampling_mask.extraction import (SPARE_WIDE_SLOTS, TIE_MARGIN, extract_selected,
                                            extract_support, plan_layout)
 from vllm_sampling_mask.transport import MaskCopy
-from vllm_sampling_mask.validation import request_error, startup_errors
+from vllm_sampling_mask.validation import DEFAULT_MAX_SIZE, resolve_request, startup_errors
 
 
 def test_sampling_mask_packed_and_list_forms_agree():
@@ -75,26 +75,42 @@ def test_ties_beyond_width_are_recovered_on_the_host():
     assert host.problem(1, 12) is None
 
 
-def test_width_is_capped_and_wider_supports_stay_exact():
+def test_width_is_capped_by_the_size_limit_and_wider_supports_are_problems():
     vocab = 5000
-    assert plan_layout([vocab], vocab).width == MAX_WIDTH
+    assert plan_layout([vocab], vocab).width == DEFAULT_MAX_SIZE
+    assert plan_layout([vocab], vocab, max_size=2048).width == 2048
     logits = torch.randn(2, vocab)
-    logits[1, ::2] = float("-inf")          # 2500 finite ids > MAX_WIDTH
-    host = _host(logits, [vocab, vocab])
-    assert host.row(0).tolist() == list(range(vocab))
+    logits[1, ::2] = float("-inf")          # 2500 finite ids, within the limit
+    host = _host(logits, [vocab, vocab])    # row 0: all 5000, beyond the limit
     assert host.row(1).tolist() == list(range(1, vocab, 2))
+    assert host.problem(1, 1) is None
+    assert "--max-sampling-mask-size 4096" in host.problem(0, 0)
 
 
-def test_layout_sizes_slots_from_the_requests_top_k():
+def test_layout_sizes_width_and_slots_from_the_requests_top_k():
     vocab = 100_000
     small = plan_layout([50] * 64, vocab)
     assert (small.width, small.slots) == (50 + TIE_MARGIN, SPARE_WIDE_SLOTS)
     mixed = plan_layout([50] * 60 + [0] * 4, vocab)   # 0: no top-k
-    assert (mixed.width, mixed.slots) == (MAX_WIDTH, 4 + SPARE_WIDE_SLOTS)
+    assert (mixed.width, mixed.slots) == (DEFAULT_MAX_SIZE, 0)
     worst = plan_layout([50] * 64, vocab, worst_case=True)
-    assert (worst.width, worst.slots) == (MAX_WIDTH, 64)
-    # The bound the profiling run reserves: R x (4 W + V / 8) bytes plus O(R).
-    assert worst.numel * 4 <= 64 * (4 * MAX_WIDTH + vocab / 8) + 64 * 16
+    assert (worst.width, worst.slots) == (DEFAULT_MAX_SIZE, 0)
+    # Device memory per step: R x N ids (plus O(R)), whatever the batch asks.
+    assert worst.numel * 4 <= 64 * 4 * DEFAULT_MAX_SIZE + 64 * 12
+
+
+def test_only_the_rows_that_want_a_mask_are_extracted():
+    logits = _processed(rows=5)
+    wanted = np.array([True, False, True, False, False])
+    mask = extract_selected(logits, np.full(5, 5), wanted, max_size=64)
+    assert mask.layout.rows == 2 and mask.row_of().tolist() == [0, -1, 1, -1, -1]
+    host = MaskCopy(mask, pool=None).result(np.ones(5))
+    assert [host.wants(i) for i in range(5)] == wanted.tolist()
+    for r in (0, 2):
+        assert host.row(r).tolist() == torch.nonzero(torch.isfinite(logits[r])).view(-1).tolist()
+    none = extract_selected(logits, np.full(5, 5), np.zeros(5, bool), max_size=64)
+    assert none.layout.rows == 0 and none.block.numel() == 0
+    assert not MaskCopy(none, pool=None).result(np.ones(5)).wants(3)
 
 
 def test_a_wide_row_without_a_slot_is_a_problem_never_a_truncated_mask():
@@ -171,10 +187,28 @@ def test_startup_rules_name_each_fix():
 
 
 def test_request_rules():
-    assert request_error(0.7, 50) is None
-    assert request_error(0.0, 50)[0] == "temperature"
-    assert request_error(1.0, -1)[0] == "top_k"
-    assert request_error(1.0, 0)[0] == "top_k"
+    def resolve(requested=None, engine_on=True, temperature=1.0, top_k=0, top_p=1.0,
+                min_p=0.0, max_size=4096):
+        return resolve_request(engine_on=engine_on, requested=requested,
+                               temperature=temperature, top_k=top_k, top_p=top_p,
+                               min_p=min_p, max_size=max_size)
+    # default (null): a mask exactly when the distribution is truncated
+    assert resolve(top_k=50) == (True, None)
+    assert resolve(top_p=0.9) == (True, None) and resolve(min_p=0.1) == (True, None)
+    assert resolve() == (False, None)                           # untruncated
+    assert resolve(temperature=0.0, top_k=50) == (False, None)  # greedy
+    assert resolve(top_k=5000) == (True, None)   # never refused unless it asked
+    # explicit
+    assert resolve(False, top_k=50) == (False, None)
+    assert resolve(True) == (True, None)
+    assert resolve(True, temperature=0.0)[1][0] == "temperature"
+    assert resolve(True, top_k=5000)[1][0] == "top_k"
+    assert resolve("yes")[1][0] == "return_sampling_mask"
+    # an engine without the flag
+    assert resolve(None, engine_on=False, top_k=50) == (False, None)
+    assert resolve(False, engine_on=False) == (False, None)
+    problem = resolve(True, engine_on=False)[1]
+    assert problem[0] == "return_sampling_mask" and "--return-sampling-mask" in problem[1]
 
 
 def test_mask_copy_holds_the_device_block_until_it_is_read():

@@ -34,7 +34,7 @@ import tempfile
 import numpy as np
 import pytest
 import torch
-from conftest import check_alignment, hf_logits, native_v1, reference_support
+from conftest import assert_supports_match_reference, check_alignment, native_v1
 from vllm import LLM, SamplingParams
 
 CPU_REFUSAL = ("--enable-return-routed-experts is not supported with monolithic MoE "
@@ -212,21 +212,7 @@ def test_masks_match_the_transformers_model(llm, hf_moe):
     params = [SamplingParams(**c, max_tokens=16, ignore_eos=True, seed=30 + i)
               for i, c in enumerate(cases)]
     outs = llm.generate(PROMPTS[:3], params)
-    compared = ambiguous = 0
-    for out, case in zip(outs, cases):
-        c = out.outputs[0]
-        logits = hf_logits(hf_moe, out.prompt_token_ids, c.token_ids)
-        for t, support in enumerate(c.sampling_mask.token_ids):
-            surely_in, surely_out = reference_support(
-                logits[t], case["temperature"], case["top_k"],
-                case.get("top_p", 1.0), case.get("min_p", 0.0))
-            got = set(support)
-            assert surely_in <= got, (t, sorted(surely_in - got))
-            assert not (got & surely_out), (t, sorted(got & surely_out))
-            ambiguous += len(logits[t]) - len(surely_in) - len(surely_out)
-            compared += 1
-    assert compared == 48
-    assert ambiguous <= compared // 10
+    assert assert_supports_match_reference(outs, cases, hf_moe) == 48
 
 
 @pytest.mark.gpu

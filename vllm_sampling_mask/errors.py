@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vllm.exceptions import VLLMValidationError
 
-from vllm_sampling_mask.validation import request_error
+from vllm_sampling_mask.validation import DEFAULT_MAX_SIZE, MASK_ARG, resolve_request
 
 
 class SamplingMaskRequestError(VLLMValidationError, ValueError):
@@ -27,10 +27,16 @@ class MissingSamplingMaskError(RuntimeError):
         self.hop = hop
 
 
-def check_request(sampling_params) -> None:
-    """Raise SamplingMaskRequestError if the mask cannot describe this request."""
-    problem = request_error(sampling_params.temperature, sampling_params.top_k)
+def check_request(sampling_params, *, engine_on: bool = True,
+                  max_size: int = DEFAULT_MAX_SIZE) -> bool:
+    """Whether the request carries a mask; SamplingMaskRequestError if it cannot."""
+    requested = (sampling_params.extra_args or {}).get(MASK_ARG)
+    wants, problem = resolve_request(
+        engine_on=engine_on, requested=requested,
+        temperature=sampling_params.temperature, top_k=sampling_params.top_k,
+        top_p=sampling_params.top_p, min_p=sampling_params.min_p, max_size=max_size)
     if problem is not None:
         parameter, message = problem
-        raise SamplingMaskRequestError(
-            message, parameter=parameter, value=getattr(sampling_params, parameter))
+        value = requested if parameter == MASK_ARG else getattr(sampling_params, parameter)
+        raise SamplingMaskRequestError(message, parameter=parameter, value=value)
+    return wants

@@ -12,15 +12,19 @@ The block of one step, `R` rows, compaction width `W`, `S` wide-row slots:
     bits  [S, n_words]  packed finite mask (bit j of word w is id 32 w + j)
                    of the rows wider than W, from word `start_word` on
 
-A row wider than `W` (ties beyond the margin, or a top-k above the width cap)
-claims a slot and also writes its finite mask as bits, from the block of the
-vocabulary where it crossed `W` onwards: the host reads its first `W` ids from
-`ids` and the rest from `bits`, in time linear in `V / 8`. `slot` is -1 for a
-row that fits, -2 for a wide row that found every slot taken (the host turns
-that into a per-request error, never a truncated mask). `S` is sized on the
-host from the requests' own top-k (rows that may legitimately be wide) plus a
-few spare slots for unexpected ties, so nothing is read back from the device
-to size anything.
+Only the rows of requests that want a mask are extracted (`rows`, the batch
+rows, in order); the others cost nothing. `W` comes from the host-side top-k of
+those rows (the largest plus a margin for ties), capped at the engine's
+`max_size` (--max-sampling-mask-size, N): a support wider than N ends its
+request with an error, so nothing wider ever needs room. A row wider than `W`
+but within N (ties beyond the margin) claims a slot and also writes its finite
+mask as bits, from the block of the vocabulary where it crossed `W` onwards:
+the host reads its first `W` ids from `ids` and the rest from `bits`, in time
+linear in `V / 8`. `slot` is -1 for a row that fits, -2 for a wide row that
+found every slot taken (the host turns that into a per-request error, never a
+truncated mask). There are a few spare slots when `W < N`, none when `W = N`.
+Nothing is read back from the device to size anything: device memory per step
+is at most `R x (N + 3)` int32 plus the spare slots' `V / 8` bytes each.
 
 Two implementations write the same block: `_support_kernel` (Triton; one
 program per row, each logit read once, no `[R, V]` temporaries) and
@@ -33,7 +37,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from vllm_sampling_mask.validation import DEFAULT_MAX_SIZE
 
 try:  # Triton is optional: CPU hosts without it use the torch implementation.
     import triton
@@ -43,11 +50,8 @@ except ImportError:  # pragma: no cover - exercised only where Triton is missing
 
 # Extra columns beyond the largest top-k, for ids tied with the k-th logit.
 TIE_MARGIN = 16
-# Widest compaction; wider supports (top_k near the vocabulary) go through the
-# packed bitmask of a wide-row slot instead of widening every row of the step.
-MAX_WIDTH = 2048
-# Wide-row slots beyond the rows whose top-k allows a wide support: room for
-# rows that turn wide only through ties at the k-th logit.
+# Wide-row slots when W < max_size: room for rows that turn wider than W only
+# through ties at the k-th logit.
 SPARE_WIDE_SLOTS = 4
 META = 3  # count, slot, start_word
 NOT_WIDE, NO_SLOT = -1, -2
@@ -61,10 +65,11 @@ def n_words(vocab_size: int) -> int:
 class MaskLayout:
     """Shape of one step's block; everything here is a host int."""
 
-    rows: int
+    rows: int          # rows extracted (requests that want a mask)
     width: int
     slots: int
     vocab_size: int
+    max_size: int = DEFAULT_MAX_SIZE
 
     @property
     def words(self) -> int:
@@ -90,55 +95,102 @@ class MaskLayout:
         return meta, ids, bits
 
 
-def plan_layout(top_k, vocab_size: int, *, worst_case: bool = False) -> MaskLayout:
-    """The layout for a batch whose per-row top-k are `top_k` (host ints).
+def plan_layout(top_k, vocab_size: int, *, max_size: int = DEFAULT_MAX_SIZE,
+                worst_case: bool = False) -> MaskLayout:
+    """The layout for the rows to extract, whose top-k are `top_k` (host ints).
 
     A top-k of 0 or >= vocab_size means "no top-k" (vLLM stores vocab_size).
-    `worst_case` (the memory-profiling run) takes the largest width and one
-    slot per row, the most device memory a step can use.
+    `worst_case` (the memory-profiling run) takes the largest layout a step of
+    that many rows can use.
     """
     rows = len(top_k)
+    cap = max(1, min(max_size, vocab_size))
     if worst_case:
-        return MaskLayout(rows, min(MAX_WIDTH, vocab_size), rows, vocab_size)
+        return MaskLayout(rows, cap, 0, vocab_size, max_size)
     bounded = [int(k) for k in top_k if 0 < int(k) < vocab_size]
-    unbounded = rows - len(bounded)
-    widest = vocab_size if unbounded else max(bounded, default=1)
-    width = max(1, min(vocab_size, widest + TIE_MARGIN, MAX_WIDTH))
-    may_be_wide = unbounded + sum(1 for k in bounded if k + TIE_MARGIN > width)
-    return MaskLayout(rows, width, min(rows, may_be_wide + SPARE_WIDE_SLOTS),
-                      vocab_size)
+    widest = vocab_size if len(bounded) < rows else max(bounded, default=1)
+    width = max(1, min(cap, widest + TIE_MARGIN))
+    return MaskLayout(rows, width, min(rows, SPARE_WIDE_SLOTS) if width < cap else 0,
+                      vocab_size, max_size)
 
 
 @dataclass
 class DeviceMask:
     """Compacted supports of one sampler step, still on the device."""
 
-    block: torch.Tensor   # flat int32, `layout.numel` entries
+    block: torch.Tensor        # flat int32, `layout.numel` entries
     layout: MaskLayout
+    batch_rows: int            # rows of the sampler's batch
+    rows: np.ndarray | None    # the batch rows extracted, ascending (None: all)
+
+    def row_of(self) -> np.ndarray:
+        """For each batch row, its row in the block, or -1 (no mask wanted)."""
+        row_of = np.full(self.batch_rows, -1, dtype=np.int64)
+        if self.rows is None:
+            row_of[:] = np.arange(self.batch_rows)
+        else:
+            row_of[self.rows] = np.arange(len(self.rows))
+        return row_of
 
 
-def extract_support(processed_logits: torch.Tensor, layout: MaskLayout, *,
+def extract_support(processed_logits: torch.Tensor, layout: MaskLayout,
+                    rows: np.ndarray | None = None, *,
                     use_triton: bool | None = None) -> DeviceMask:
-    """Compact the finite entries of each row of `processed_logits`.
+    """Compact the finite entries of the given rows of `processed_logits`.
 
+    `rows` (host ints, ascending) are the batch rows to extract; None means all.
     Runs the Triton kernel on CUDA (and wherever `use_triton=True`, e.g. under
     Triton's interpreter in the CPU tests), the torch implementation elsewhere.
     Issues no host synchronisation on the kernel path.
     """
-    rows, vocab = processed_logits.shape
-    if (rows, vocab) != (layout.rows, layout.vocab_size):
-        raise ValueError(f"extract_support: logits {tuple(processed_logits.shape)} do "
-                         f"not match the layout ({layout.rows}, {layout.vocab_size})")
+    batch_rows, vocab = processed_logits.shape
+    picked = batch_rows if rows is None else len(rows)
+    if (picked, vocab) != (layout.rows, layout.vocab_size):
+        raise ValueError(f"extract_support: {picked} rows of {vocab} logits do not "
+                         f"match the layout ({layout.rows}, {layout.vocab_size})")
     if use_triton is None:
         use_triton = triton is not None and processed_logits.is_cuda
-    block = torch.empty(layout.numel + 1, dtype=torch.int32,
-                        device=processed_logits.device)
+    device = processed_logits.device
+    source = None
+    if rows is not None:
+        source = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int32))
+        if device.type != "cpu":
+            source = source.pin_memory().to(device, non_blocking=True)
+    block = torch.empty(layout.numel + 1, dtype=torch.int32, device=device)
     # The last entry is the kernel's slot counter; the block proper excludes it.
     if use_triton:
-        _extract_triton(processed_logits, block, layout)
+        _extract_triton(processed_logits, source, block, layout)
     else:
-        _extract_torch(processed_logits, block, layout)
-    return DeviceMask(block=block[: layout.numel], layout=layout)
+        _extract_torch(processed_logits, source, block, layout)
+    return DeviceMask(block=block[: layout.numel], layout=layout, batch_rows=batch_rows,
+                      rows=None if rows is None else np.asarray(rows))
+
+
+def no_rows(batch_rows: int, device) -> DeviceMask:
+    """The mask of a step in which no request wants one."""
+    return DeviceMask(block=torch.empty(0, dtype=torch.int32, device=device),
+                      layout=MaskLayout(0, 1, 0, 1), batch_rows=batch_rows,
+                      rows=np.zeros(0, dtype=np.int64))
+
+
+def extract_selected(processed_logits: torch.Tensor, top_k: np.ndarray,
+                     wanted: np.ndarray, *, max_size: int,
+                     worst_case: bool = False) -> DeviceMask:
+    """The sampler's entry: extract the batch rows that want a mask (`wanted`,
+    a host bool per row), laid out from their host-side `top_k`. The
+    memory-profiling run (`worst_case`) extracts every row at the widest."""
+    vocab = processed_logits.shape[1]
+    if not worst_case and not wanted.any():
+        return no_rows(len(wanted), processed_logits.device)
+    if worst_case:
+        return extract_support(processed_logits, plan_layout(
+            top_k, vocab, max_size=max_size, worst_case=True))
+    if wanted.all():
+        return extract_support(processed_logits,
+                               plan_layout(top_k, vocab, max_size=max_size))
+    rows = np.flatnonzero(wanted)
+    return extract_support(processed_logits,
+                           plan_layout(top_k[rows], vocab, max_size=max_size), rows)
 
 
 # -- Triton ------------------------------------------------------------------
@@ -146,11 +198,16 @@ def extract_support(processed_logits: torch.Tensor, layout: MaskLayout, *,
 if triton is not None:
 
     @triton.jit
-    def _support_kernel(logits_ptr, logits_stride, out_ptr, counter_ptr,
+    def _support_kernel(logits_ptr, logits_stride, rows_ptr, out_ptr, counter_ptr,
                         vocab_size, width, n_slots, words, ids_offset, bits_offset,
-                        BLOCK: tl.constexpr, PAD_BLOCK: tl.constexpr):
+                        HAS_ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                        PAD_BLOCK: tl.constexpr):
         row = tl.program_id(0)
-        row_logits = logits_ptr + row.to(tl.int64) * logits_stride
+        if HAS_ROWS:
+            source = tl.load(rows_ptr + row)
+        else:
+            source = row
+        row_logits = logits_ptr + source.to(tl.int64) * logits_stride
         row_ids = out_ptr + ids_offset + row * width
         count = tl.zeros((), dtype=tl.int32)
         slot = tl.full((), -1, dtype=tl.int32)  # NOT_WIDE
@@ -185,8 +242,8 @@ if triton is not None:
         tl.store(out_ptr + row * 3 + 2, start_word)
 
 
-def _extract_triton(logits: torch.Tensor, block: torch.Tensor, layout: MaskLayout,
-                    block_size: int = 2048) -> None:
+def _extract_triton(logits: torch.Tensor, rows: torch.Tensor | None, block: torch.Tensor,
+                    layout: MaskLayout, block_size: int = 2048) -> None:
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     counter = block[layout.numel:]
@@ -194,9 +251,10 @@ def _extract_triton(logits: torch.Tensor, block: torch.Tensor, layout: MaskLayou
     if layout.rows == 0:
         return
     _support_kernel[(layout.rows,)](
-        logits, logits.stride(0), block, counter, layout.vocab_size, layout.width,
-        layout.slots, layout.words, layout.ids_offset, layout.bits_offset,
-        BLOCK=block_size, PAD_BLOCK=256, num_warps=8)
+        logits, logits.stride(0), block if rows is None else rows, block, counter,
+        layout.vocab_size, layout.width, layout.slots, layout.words, layout.ids_offset,
+        layout.bits_offset, HAS_ROWS=rows is not None, BLOCK=block_size, PAD_BLOCK=256,
+        num_warps=8)
 
 
 # -- torch -------------------------------------------------------------------
@@ -238,21 +296,23 @@ def _kept_indices(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return flat
 
 
-def _extract_torch(logits: torch.Tensor, block: torch.Tensor, layout: MaskLayout) -> None:
+def _extract_torch(logits: torch.Tensor, rows: torch.Tensor | None, block: torch.Tensor,
+                   layout: MaskLayout) -> None:
     meta, ids, bits = layout.views(block[: layout.numel])
     ids.fill_(-1)
     meta[:, 1] = NOT_WIDE
     meta[:, 2] = 0
     width, vocab = layout.width, layout.vocab_size
-    # Rows that may keep most of the vocabulary (no top-k) make the kept indices
-    # as large as the chunk: take smaller chunks then.
-    elements = CHUNK_ELEMENTS if layout.slots <= SPARE_WIDE_SLOTS else CHUNK_ELEMENTS // 4
+    # Wide rows (no top-k) make the kept indices as large as the chunk: take
+    # smaller chunks then.
+    elements = CHUNK_ELEMENTS if width < 1024 else CHUNK_ELEMENTS // 4
     chunk = max(1, elements // max(vocab, 1))
     scratch = torch.empty((min(chunk, layout.rows) * vocab + 7) // 8 * 8,
                           dtype=torch.bool, device=logits.device)
     next_slot = 0
     for r0 in range(0, layout.rows, chunk):
-        x = logits[r0: r0 + chunk].contiguous()
+        x = (logits[r0: r0 + chunk] if rows is None
+             else logits.index_select(0, rows[r0: r0 + chunk])).contiguous()
         rows = len(x)
         keep = scratch[: (rows * vocab + 7) // 8 * 8]
         flat = _kept_indices(x, keep)

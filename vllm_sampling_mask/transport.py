@@ -61,24 +61,39 @@ class PinnedPool:
 
 @dataclass
 class StepMasks:
-    """One step's supports on the host, one row per request of the batch."""
+    """One step's supports on the host, one row per request of the batch.
 
+    Rows of requests that want no mask have `row_of == -1`: `wants(i)` is False
+    and nothing else is defined for them."""
+
+    row_of: np.ndarray            # [batch rows] int64, row in counts/ids, or -1
     counts: np.ndarray            # [R] int32, true support size (0: sampled nothing)
     ids: np.ndarray               # [R, W] int32, ascending then -1
     wide: dict[int, np.ndarray]   # rows wider than W, read exactly from their bits
     lost: frozenset[int]          # rows wider than W that found no wide-row slot
+    max_size: int                 # --max-sampling-mask-size
+
+    def wants(self, i: int) -> bool:
+        return bool(self.row_of[i] >= 0)
 
     def row(self, i: int) -> np.ndarray:
-        """Row i's support, ascending int32 (a row in `lost` has none: see `problem`)."""
-        wide = self.wide.get(i)
+        """Batch row i's support, ascending int32 (see `problem` first)."""
+        r = int(self.row_of[i])
+        wide = self.wide.get(r)
         if wide is not None:
             return wide
-        return self.ids[i, : min(int(self.counts[i]), self.ids.shape[1])]
+        return self.ids[r, : min(int(self.counts[r]), self.ids.shape[1])]
 
     def problem(self, i: int, token: int) -> str | None:
-        """Why row i cannot describe the draw of `token` exactly, or None."""
-        count = int(self.counts[i])
-        if i in self.lost:
+        """Why batch row i cannot describe the draw of `token` exactly, or None."""
+        r = int(self.row_of[i])
+        count = int(self.counts[r])
+        if count > self.max_size:
+            return (f"the support of a step had {count} ids, more than "
+                    f"--max-sampling-mask-size {self.max_size} allows: raise the limit, "
+                    "narrow the distribution (top_k, top_p, min_p), or send "
+                    "return_sampling_mask=false")
+        if r in self.lost:
             return (f"its support of {count} ids is wider than this step's "
                     f"{self.ids.shape[1]} compacted columns and every wide-row slot "
                     "of the step was taken")
@@ -102,24 +117,30 @@ def unpack_wide_row(head: np.ndarray, words: np.ndarray, start_word: int) -> np.
     return np.concatenate([head, found[found > head[-1]]])
 
 
-def decode(block: np.ndarray, layout: MaskLayout, num_sampled=None) -> StepMasks:
+def decode(block: np.ndarray, layout: MaskLayout, row_of: np.ndarray,
+           num_sampled=None) -> StepMasks:
     """The host form of a block (copied out of `block`, which may be reused).
 
-    Rows whose request produced no token this step (`num_sampled == 0`, e.g. a
-    chunked prefill) get count 0 and no problem is raised for them.
+    `row_of` maps batch rows to block rows (-1: no mask wanted). Rows whose
+    request produced no token this step (`num_sampled == 0`, e.g. a chunked
+    prefill) get count 0 and no problem is raised for them.
     """
     meta, ids, bits = layout.views(block)
     counts = meta[:, 0].copy()
     if num_sampled is not None:
-        counts[np.asarray(num_sampled)[: len(counts)] == 0] = 0
+        sampled = np.asarray(num_sampled)[: len(row_of)]
+        masked = row_of >= 0
+        counts[row_of[masked][sampled[masked] == 0]] = 0
     wide, lost = {}, set()
-    for r in np.flatnonzero(counts > layout.width).tolist():
+    for r in np.flatnonzero((counts > layout.width)
+                            & (counts <= layout.max_size)).tolist():
         slot, start_word = int(meta[r, 1]), int(meta[r, 2])
         if slot == NO_SLOT or not 0 <= slot < layout.slots:
             lost.add(r)
         else:
             wide[r] = unpack_wide_row(ids[r], bits[slot], start_word)
-    return StepMasks(counts=counts, ids=ids.copy(), wide=wide, lost=frozenset(lost))
+    return StepMasks(row_of=row_of, counts=counts, ids=ids.copy(), wide=wide,
+                     lost=frozenset(lost), max_size=layout.max_size)
 
 
 class MaskCopy:
@@ -134,6 +155,7 @@ class MaskCopy:
     def __init__(self, mask: DeviceMask, pool: PinnedPool | None, *,
                  record_event: bool = False) -> None:
         self.layout = mask.layout
+        self.row_of = mask.row_of()
         self._event = None
         # Referenced until `result`: the copy below reads it on another stream.
         self._device_block = mask.block
@@ -156,7 +178,7 @@ class MaskCopy:
         if self._event is not None:
             self._event.synchronize()
         try:
-            return decode(self._host.numpy(), self.layout, num_sampled)
+            return decode(self._host.numpy(), self.layout, self.row_of, num_sampled)
         finally:
             if self._buffer is not None:
                 self._pool.give_back(self._buffer)

@@ -9,6 +9,8 @@ endpoint).
 from __future__ import annotations
 
 FLAG = "--return-sampling-mask (return_sampling_mask=True)"
+# The default --max-sampling-mask-size: the widest support a step may return.
+DEFAULT_MAX_SIZE = 4096
 # The key in `SamplingParams.extra_args` that says, once the input processor has
 # decided, whether a request's outputs carry a mask.
 MASK_ARG = "return_sampling_mask"
@@ -48,16 +50,37 @@ def startup_errors(*, logprobs_mode: str, use_v2_model_runner: bool,
     return errors
 
 
-def request_error(temperature: float, top_k: int) -> tuple[str, str] | None:
-    """(parameter, message) for a request the mask cannot describe, else None."""
+def resolve_request(*, engine_on: bool, requested, temperature: float, top_k: int,
+                    top_p: float, min_p: float, max_size: int
+                    ) -> tuple[bool, tuple[str, str] | None]:
+    """(mask, problem): whether a request carries a mask, or (parameter, message).
+
+    `requested` is the request's `return_sampling_mask`: True, False or None.
+    With the engine flag on, None means a mask when the distribution is
+    truncated (temperature > 0 and any of top_k, top_p < 1, min_p > 0).
+    """
+    if requested is not None and not isinstance(requested, bool):
+        return False, (MASK_ARG, f"return_sampling_mask must be true, false or null, "
+                                 f"not {requested!r}.")
+    if not engine_on:
+        if requested:
+            return False, (MASK_ARG, f"return_sampling_mask=true needs an engine started "
+                                     f"with {FLAG}: restart the server with it, or drop "
+                                     "return_sampling_mask.")
+        return False, None
+    if requested is False:
+        return False, None
+    if requested is None:
+        truncated = temperature > 0 and (top_k > 0 or top_p < 1 or min_p > 0)
+        return truncated, None
     if not temperature > 0:
-        return ("temperature",
-                f"temperature={temperature} is greedy, which has no truncated "
-                "distribution to replay: with the sampling mask on, every request "
-                "needs temperature > 0.")
-    if top_k is None or top_k <= 0:
-        return ("top_k",
-                f"top_k={top_k} leaves the support unbounded (top-p alone can "
-                "return vocabulary-sized masks): with the sampling mask on, every "
-                "request needs top_k > 0, e.g. top_k=50.")
-    return None
+        return False, ("temperature",
+                       f"temperature={temperature} is greedy, which has no truncated "
+                       "distribution to replay: return_sampling_mask=true needs "
+                       "temperature > 0 (or leave return_sampling_mask unset).")
+    if top_k > max_size:
+        return False, ("top_k",
+                       f"top_k={top_k} makes supports wider than this engine's "
+                       f"--max-sampling-mask-size {max_size}: lower top_k, or restart "
+                       "the server with a larger --max-sampling-mask-size.")
+    return True, None

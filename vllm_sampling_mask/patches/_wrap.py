@@ -14,3 +14,16 @@ def wraps(module, name: str):
         wrapt.wrap_function_wrapper(module, name, wrapper)
         return wrapper
     return decorate
+
+
+def run_worst_case(sampler, wrapped, args, kwargs):
+    """Call `wrapped` (the memory-profiling sampler run) with the sampler's declared
+    `sampling_mask_worst_case` set, so the mask is extracted with the largest layout
+    a step can use and the KV cache is sized with it included."""
+    if not sampler.return_sampling_mask:
+        return wrapped(*args, **kwargs)
+    sampler.sampling_mask_worst_case = True
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        sampler.sampling_mask_worst_case = False

@@ -1,10 +1,12 @@
 """The engine flag: `EngineArgs.return_sampling_mask` and `--return-sampling-mask`.
 
-What: adds the dataclass field `return_sampling_mask: bool = False` to
-    `EngineArgs` (and `AsyncEngineArgs`), so `LLM(..., return_sampling_mask=True)`
-    and `EngineArgs.from_cli_args` accept it; adds the documented CLI flag
-    `--return-sampling-mask` to the ModelConfig group; copies the value onto
-    the `ModelConfig` that `create_model_config` builds; and, in
+What: adds the dataclass fields `return_sampling_mask: bool = False` and
+    `max_sampling_mask_size: int = 4096` to `EngineArgs` (and
+    `AsyncEngineArgs`), so `LLM(..., return_sampling_mask=True)` and
+    `EngineArgs.from_cli_args` accept them; adds the documented CLI flags
+    `--return-sampling-mask` and `--max-sampling-mask-size` to the ModelConfig
+    group; copies the values onto the `ModelConfig` that `create_model_config`
+    builds; and, in
     `create_engine_config`, refuses configurations the mask cannot be exact
     under (`validation.startup_errors`), with one ValueError listing each
     reason and its fix.
@@ -22,20 +24,29 @@ import argparse
 
 from vllm_sampling_mask.patches._dataclass import add_field
 from vllm_sampling_mask.patches._wrap import wraps
-from vllm_sampling_mask.validation import startup_errors
+from vllm_sampling_mask.validation import DEFAULT_MAX_SIZE, startup_errors
 
+SIZE_HELP = (
+    "With --return-sampling-mask: the widest support, in ids, one step may return "
+    f"(default {DEFAULT_MAX_SIZE}). A request with return_sampling_mask=true and a "
+    "larger top_k is refused (HTTP 400); a step whose support is wider ends its "
+    "request with an error naming this limit. Device memory per step is bounded by "
+    "the batch size times this many ids.")
 HELP = (
     "Return, for every generated token, the ids the sampler could draw it from "
     "(the support after logits processors, top-k, top-p and min-p) as "
     "`CompletionOutput.sampling_mask` and `choices[].sampling_mask` of "
-    "/inference/v1/generate. Requires --logprobs-mode processed_logprobs; works "
-    "on the V1 model runner and on Model Runner V2; every request needs "
-    "temperature > 0 and top_k > 0.")
+    "/inference/v1/generate, /v1/completions and /v1/chat/completions. Requires "
+    "--logprobs-mode processed_logprobs; works on the V1 model runner and on Model "
+    "Runner V2. Per request, return_sampling_mask true/false/null (null: a mask "
+    "when temperature > 0 and top_k, top_p or min_p truncates the distribution).")
 
 
 def apply(module) -> None:
     EngineArgs = module.EngineArgs
     add_field(EngineArgs, "return_sampling_mask", bool, False,
+              subclasses=(module.AsyncEngineArgs,))
+    add_field(EngineArgs, "max_sampling_mask_size", int, DEFAULT_MAX_SIZE,
               subclasses=(module.AsyncEngineArgs,))
 
     @wraps(module, "EngineArgs.add_cli_args")
@@ -46,12 +57,15 @@ def apply(module) -> None:
         group.add_argument("--return-sampling-mask",
                            action=argparse.BooleanOptionalAction, default=False,
                            help=HELP)
+        group.add_argument("--max-sampling-mask-size", type=int,
+                           default=DEFAULT_MAX_SIZE, help=SIZE_HELP)
         return parser
 
     @wraps(module, "EngineArgs.create_model_config")
     def create_model_config(wrapped, self, args, kwargs):
         model_config = wrapped(*args, **kwargs)
         model_config.return_sampling_mask = bool(self.return_sampling_mask)
+        model_config.max_sampling_mask_size = int(self.max_sampling_mask_size)
         return model_config
 
     from vllm import envs
@@ -63,6 +77,11 @@ def apply(module) -> None:
         if self.return_sampling_mask:
             # What the arguments already say is checked first, so these errors
             # come before any upstream complaint about the same settings.
+            if self.max_sampling_mask_size < 1:
+                raise ValueError(
+                    f"--max-sampling-mask-size must be at least 1 (got "
+                    f"{self.max_sampling_mask_size}): it is the widest support, in "
+                    "ids, a step may return.")
             _raise(startup_errors(
                 logprobs_mode=self.logprobs_mode,
                 use_v2_model_runner=envs.VLLM_USE_V2_MODEL_RUNNER is True,

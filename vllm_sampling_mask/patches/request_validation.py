@@ -1,13 +1,16 @@
 """Decide, per request, whether it carries a mask; refuse what a mask cannot describe.
 
 What: wraps `InputProcessor._validate_params` and `InputProcessor.process_inputs`
-    (vllm/v1/engine/input_processor.py). With the engine flag on, a generation
-    request needs temperature > 0 and top_k > 0, else
-    `errors.SamplingMaskRequestError` (a VLLMValidationError, so HTTP 400, and
-    a ValueError for `LLM.generate`) naming the parameter; and the request's
-    own copy of its sampling parameters gets
-    `extra_args["return_sampling_mask"] = True`, the declared per-request
-    decision every later hop reads (`validation.wants_mask`).
+    (vllm/v1/engine/input_processor.py). A generation request's own
+    `extra_args["return_sampling_mask"]` (true, false or null) is resolved
+    against the engine (`validation.resolve_request`): a bad value, true on an
+    engine without the flag, true with temperature 0, or true with a top_k
+    above --max-sampling-mask-size raise `errors.SamplingMaskRequestError` (a
+    VLLMValidationError, so HTTP 400, and a ValueError for `LLM.generate`)
+    naming the parameter. With the flag on, the request's own copy of its
+    sampling parameters then gets `extra_args["return_sampling_mask"]` set to
+    the decision (True or False), which every later hop reads
+    (`validation.wants_mask`).
 Why: every request entering the engine, from `LLM` or the server, passes here
     before it reaches the engine core, so a bad request fails alone and the
     engine keeps serving; deciding once here means the output processor knows
@@ -26,12 +29,17 @@ from vllm_sampling_mask.validation import MASK_ARG
 def apply(module) -> None:
     from vllm.sampling_params import SamplingParams
 
+    def check(self, params) -> bool:
+        config = self.vllm_config.model_config
+        return check_request(params, engine_on=mask_enabled(self.vllm_config),
+                             max_size=config.max_sampling_mask_size)
+
     @wraps(module, "InputProcessor._validate_params")
     def _validate_params(wrapped, self, args, kwargs):
         wrapped(*args, **kwargs)
         params = args[0] if args else kwargs["params"]
-        if isinstance(params, SamplingParams) and mask_enabled(self.vllm_config):
-            check_request(params)
+        if isinstance(params, SamplingParams):
+            check(self, params)
 
     @wraps(module, "InputProcessor.process_inputs")
     def process_inputs(wrapped, self, args, kwargs):
@@ -39,5 +47,5 @@ def apply(module) -> None:
         params = request.sampling_params
         if params is not None and mask_enabled(self.vllm_config):
             # `params` is the request's own clone: the caller's object is untouched.
-            params.extra_args = {**(params.extra_args or {}), MASK_ARG: True}
+            params.extra_args = {**(params.extra_args or {}), MASK_ARG: check(self, params)}
         return request

@@ -3,7 +3,8 @@
 What: wraps `GPUModelRunner.load_model` (vllm/v1/worker/gpu/model_runner.py;
     the CPU runner inherits it), which builds `self.sampler`: with
     `model_config.return_sampling_mask` it sets the sampler's declared
-    `return_sampling_mask`, turns its FlashInfer sampler off, and declares
+    `return_sampling_mask`, `sampling_mask_max_size` and per-slot
+    `sampling_mask_rows`, turns its FlashInfer sampler off, and declares
     that this process's `AsyncOutput`s must carry a mask. A sampler that is
     not vLLM's `Sampler` (a model state's `custom_sampler`) is refused.
     Wraps `_dummy_sampler_run` so the memory-profiling run extracts with the
@@ -17,8 +18,10 @@ Remove when: upstream's `Sampler` takes the flag (vLLM #49577).
 
 from __future__ import annotations
 
+import numpy as np
+
 from vllm_sampling_mask.config import mask_enabled
-from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.patches._wrap import run_worst_case, wraps
 
 
 def apply(module) -> None:
@@ -35,17 +38,12 @@ def apply(module) -> None:
                     f"vLLM's own Sampler, but this model uses {type(self.sampler)!r}: "
                     "drop the flag for this model.")
             self.sampler.return_sampling_mask = True
+            self.sampler.sampling_mask_max_size = self.model_config.max_sampling_mask_size
+            self.sampler.sampling_mask_rows = np.zeros(self.max_num_reqs, dtype=bool)
             self.sampler.use_flashinfer = False
             async_utils.AsyncOutput.return_sampling_mask = True
         return result
 
     @wraps(module, "GPUModelRunner._dummy_sampler_run")
     def _dummy_sampler_run(wrapped, self, args, kwargs):
-        sampler = self.sampler
-        if sampler is None or not sampler.return_sampling_mask:
-            return wrapped(*args, **kwargs)
-        sampler.sampling_mask_worst_case = True
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            sampler.sampling_mask_worst_case = False
+        return run_worst_case(self.sampler, wrapped, args, kwargs)

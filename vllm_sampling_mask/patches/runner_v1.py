@@ -6,7 +6,8 @@ What: wraps, in `vllm/v1/worker/gpu_model_runner.py` (the CPU runner inherits
       `model_config.return_sampling_mask` it sets the sampler's declared
       `return_sampling_mask`;
     - `GPUModelRunner._sample`: hands the sampler the batch's per-row top-k from
-      the host-side input batch (no device sync), and keeps the
+      the host-side input batch (no device sync) and which rows want a mask
+      (each request's `validation.wants_mask`), and keeps the
       `SamplerOutput.sampling_mask` for `sample_tokens` (declared
       `GPUModelRunner.pending_sampling_mask`);
     - `GPUModelRunner.sample_tokens`: on the synchronous path decodes the mask
@@ -29,10 +30,13 @@ Remove when: upstream carries the mask through the V1 runner (vLLM #49577 did
 
 from __future__ import annotations
 
+import numpy as np
+
 from vllm_sampling_mask.config import mask_enabled
 from vllm_sampling_mask.errors import MissingSamplingMaskError
-from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.patches._wrap import run_worst_case, wraps
 from vllm_sampling_mask.transport import MaskCopy, PinnedPool
+from vllm_sampling_mask.validation import wants_mask
 
 POOL = PinnedPool()
 
@@ -55,13 +59,18 @@ def apply(module) -> None:
         wrapped(*args, **kwargs)
         if mask_enabled(self.vllm_config):
             self.sampler.return_sampling_mask = True
+            self.sampler.sampling_mask_max_size = self.model_config.max_sampling_mask_size
 
     @wraps(module, "GPUModelRunner._sample")
     def _sample(wrapped, self, args, kwargs):
         if not self.sampler.return_sampling_mask:
             return wrapped(*args, **kwargs)
         batch = self.input_batch
-        self.sampler.sampling_mask_top_k = batch.top_k_cpu[: batch.num_reqs]
+        n = batch.num_reqs
+        self.sampler.sampling_mask_top_k = batch.top_k_cpu[:n]
+        self.sampler.sampling_mask_wanted = np.fromiter(
+            (wants_mask(self.requests[req_id].sampling_params)
+             for req_id in batch.req_ids[:n]), dtype=bool, count=n)
         output = wrapped(*args, **kwargs)
         self.pending_sampling_mask = output.sampling_mask
         return output
@@ -100,12 +109,4 @@ def apply(module) -> None:
 
     @wraps(module, "GPUModelRunner._dummy_sampler_run")
     def _dummy_sampler_run(wrapped, self, args, kwargs):
-        sampler = self.sampler
-        if not sampler.return_sampling_mask:
-            return wrapped(*args, **kwargs)
-        sampler.sampling_mask_worst_case = True
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            sampler.sampling_mask_worst_case = False
-            sampler._pending_sampling_mask = None
+        return run_worst_case(self.sampler, wrapped, args, kwargs)

@@ -4,7 +4,8 @@ What: in `vllm/v1/core/sched/scheduler.py`, makes the scheduler build
     `wire.MaskedEngineCoreOutput` (a subclass with trailing mask fields) and
     wraps `Scheduler.update_from_output`: after upstream has cut each
     request's new tokens (stop tokens, max_tokens, preemption, aborts), each
-    output gets the support of exactly the token it kept. A row that cannot
+    output of a request that wants a mask gets the support of exactly the
+    token it kept (others get none). A row that cannot
     describe its draw exactly (a wide row that found no slot, an empty
     support, a sampled token outside its support, more than one token, or
     anything unexpected) ends *that request* with finish reason ERROR and
@@ -77,11 +78,14 @@ def apply(module) -> None:
 
 
 def _attach(out: MaskedEngineCoreOutput, masks, row: int) -> str | None:
-    """Put row `row` of the step's masks on `out`; or say why it cannot."""
+    """Put row `row` of the step's masks on `out` (if its request wants one); or
+    say why it cannot."""
     if not isinstance(out, MaskedEngineCoreOutput):
         raise MissingSamplingMaskError(
             "Scheduler.update_from_output", f"the output of request {out.request_id} "
             f"is a {type(out).__name__}, which has no mask fields")
+    if not masks.wants(row):
+        return None   # this request asked for no mask
     if len(out.new_token_ids) != 1:
         return (f"{len(out.new_token_ids)} tokens in one step; without speculative "
                 "decoding the sampler draws one")

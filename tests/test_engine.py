@@ -1,41 +1,43 @@
-"""The sampling mask through `LLM` on Model Runner V2 (one engine for the module).
+"""The sampling mask through `LLM`, on both of vLLM's model runners.
 
-The engine: demo model, float32, the mask on, processed logprobs, a 64-token
-prefill budget (long prompts are chunked), prefix caching (upstream default),
-and a KV cache small enough that the preemption test really preempts.
+One engine per runner (the module's tests run on each in turn): V1 natively, and
+Model Runner V2 through Triton's interpreter. Demo model, float32, the mask on,
+processed logprobs, a 64-token prefill budget (long prompts are chunked), prefix
+caching (upstream default), a KV cache small enough that the preemption test
+really preempts, and --max-sampling-mask-size 128 (so the size limit can trip). The V1 engine also has a custom logits processor
+(`ban_ids_processor.BanIdsProcessor`), which V1 applies inside its sampler; Model
+Runner V2 has no custom processors.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 
 import numpy as np
 import pytest
 import torch
-from conftest import ENGINE_KWARGS, hf_logits, reference_support
+from ban_ids_processor import BanIdsProcessor
+from conftest import (ENGINE_KWARGS, PROMPTS, assert_supports_match_reference,
+                      check_alignment, hf_logits, native_v1)
 from vllm import LLM, SamplingParams
 
-from vllm_sampling_mask import SamplingMask
 from vllm_sampling_mask.training import nucleus_logprobs
 
-PROMPTS = [
-    "def main():\n    ",
-    "import os\nimport sys\n\n",
-    "class Parser:\n    def __init__(self",
-    "    for i in range(",
-    "# Copyright 2001 Python Software Foundation\n",
-    "        return self.",
-    "if __name__ == '__main__':\n",
-    "    raise ValueError(",
-]
+RUNNERS = ["v1", "mrv2"]
 
 
-@pytest.fixture(scope="module")
-def llm():
-    engine = LLM(**{**ENGINE_KWARGS, "max_model_len": 256}, max_num_batched_tokens=64,
-                 max_num_seqs=8, num_gpu_blocks_override=16, block_size=16,
-                 max_logprobs=64, disable_log_stats=False)
+@pytest.fixture(scope="module", params=RUNNERS)
+def llm(request):
+    kwargs = dict(ENGINE_KWARGS, max_model_len=256, max_num_batched_tokens=64,
+                  max_num_seqs=8, num_gpu_blocks_override=16, block_size=16,
+                  max_logprobs=64, disable_log_stats=False, max_sampling_mask_size=128)
+    if request.param == "v1":
+        kwargs["logits_processors"] = [BanIdsProcessor]
+    with native_v1() if request.param == "v1" else contextlib.nullcontext():
+        engine = LLM(**kwargs)
+    engine.runner = request.param
     yield engine
     del engine
 
@@ -44,34 +46,28 @@ def prompt_ids(tokenizer, text):
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def check_alignment(completion, vocab_size):
-    """One mask per token, sampled token inside, ids unique, sorted, in range."""
-    mask = completion.sampling_mask
-    assert isinstance(mask, SamplingMask)
-    assert len(mask) == len(completion.token_ids)
-    for token, support in zip(completion.token_ids, mask.token_ids):
-        assert len(support) >= 1
-        assert token in support
-        assert support == sorted(set(support))
-        assert 0 <= support[0] and support[-1] < vocab_size
-    return mask
-
-
-def test_runs_on_model_runner_v2_in_a_patched_worker_process(llm):
+def test_runs_on_the_chosen_runner_in_a_patched_worker_process(llm):
     def probe(worker):
         import os
+
+        from vllm.triton_utils import HAS_TRITON
 
         from vllm_sampling_mask import patching
         runner = worker.model_runner
         return (type(runner).__module__, os.getpid(), list(patching.APPLIED),
-                getattr(runner.sampler, "return_sampling_mask", None))
+                runner.sampler.return_sampling_mask, os.environ.get("TRITON_INTERPRET"),
+                HAS_TRITON)
 
-    (module, pid, applied, enabled), = llm.collective_rpc(probe)
-    assert module == "vllm.v1.worker.cpu.model_runner" or module.startswith(
-        "vllm.v1.worker.gpu.model_runner")
-    assert pid != os.getpid()
-    assert {"sampler", "async_output", "interpreter_libdevice"} <= set(applied)
-    assert enabled is True
+    (module, pid, applied, enabled, interpret, has_triton), = llm.collective_rpc(probe)
+    assert pid != os.getpid() and enabled is True
+    if llm.runner == "v1":
+        assert module == "vllm.v1.worker.cpu_model_runner"
+        assert interpret is None and has_triton is False        # native
+        assert {"sampler_v1", "runner_v1", "cpu_generator_rewind"} <= set(applied)
+    else:
+        assert module == "vllm.v1.worker.cpu.model_runner" or module.startswith(
+            "vllm.v1.worker.gpu.model_runner")
+        assert {"sampler", "runner", "async_output", "interpreter_libdevice"} <= set(applied)
 
 
 def test_invariants_over_mixed_parameters(llm, tokenizer):
@@ -109,21 +105,7 @@ def test_supports_match_an_independent_reference(llm, tokenizer, hf_model):
     params = [SamplingParams(**c, max_tokens=24, seed=10 + i, logprobs=0)
               for i, c in enumerate(cases)]
     outs = llm.generate(PROMPTS[:4], params)
-    compared = ambiguous = 0
-    for out, case in zip(outs, cases):
-        c = out.outputs[0]
-        logits = hf_logits(hf_model, out.prompt_token_ids, c.token_ids)
-        for t, support in enumerate(c.sampling_mask.token_ids):
-            surely_in, surely_out = reference_support(
-                logits[t], case["temperature"], case["top_k"],
-                case.get("top_p", 1.0), case.get("min_p", 0.0))
-            got = set(support)
-            assert surely_in <= got, (t, sorted(surely_in - got))
-            assert not (got & surely_out), (t, sorted(got & surely_out))
-            ambiguous += len(logits[t]) - len(surely_in) - len(surely_out)
-            compared += 1
-    assert compared == sum(len(o.outputs[0].token_ids) for o in outs)
-    assert ambiguous <= compared // 10  # threshold cases are rare, not the rule
+    assert_supports_match_reference(outs, cases, hf_model)
 
 
 def test_replay_fidelity_of_processed_logprobs(llm, hf_model):
@@ -144,6 +126,21 @@ def test_replay_fidelity_of_processed_logprobs(llm, hf_model):
         assert (returned - full).min() > 0
 
 
+@pytest.mark.parametrize("llm", ["v1"], indirect=True)
+def test_custom_logits_processor_shapes_the_mask(llm, tokenizer):
+    """V1 applies custom processors inside the sampler: banned ids never appear,
+    and the mask still holds the rest of the top-k."""
+    banned = list(range(0, 4096, 3))       # a third of the vocabulary
+    base = dict(temperature=1.0, top_k=40, max_tokens=16, ignore_eos=True, seed=77)
+    plain, ban = llm.generate(PROMPTS[:2], [
+        SamplingParams(**base), SamplingParams(**base, extra_args={"ban_ids": banned})])
+    banned_set = set(banned)
+    ban_mask = check_alignment(ban.outputs[0], len(tokenizer))
+    assert all(not (set(s) & banned_set) for s in ban_mask.token_ids)
+    assert all(len(s) >= 40 for s in ban_mask.token_ids)
+    assert any(set(s) & banned_set for s in plain.outputs[0].sampling_mask.token_ids)
+
+
 def test_stops_max_tokens_and_n(llm, tokenizer):
     vocab = len(tokenizer)
     base = dict(temperature=1.0, top_k=30, seed=7)
@@ -157,7 +154,8 @@ def test_stops_max_tokens_and_n(llm, tokenizer):
         SamplingParams(**base, max_tokens=60, stop=["("]),
         SamplingParams(**base, max_tokens=60, stop_token_ids=[stop_id], ignore_eos=True),
         SamplingParams(**base, max_tokens=30, ignore_eos=True),
-        SamplingParams(temperature=1.0, top_k=30, max_tokens=12, n=3),
+        # seeded too: V1's CPU sampler honours seeds only when every row is seeded
+        SamplingParams(temperature=1.0, top_k=30, max_tokens=12, n=3, seed=8),
     ]
     outs = llm.generate(PROMPTS[:5], params)
     assert len(outs[0].outputs[0].token_ids) == 5
@@ -172,12 +170,17 @@ def test_stops_max_tokens_and_n(llm, tokenizer):
             check_alignment(c, vocab)
 
 
-def test_seeded_requests_replay_exactly_and_prefix_cache_agrees(llm, tokenizer):
+def test_seeded_chunked_prompts_replay_exactly_and_prefix_cache_agrees(llm, tokenizer):
+    """A seeded request whose prompt is chunked (the partial chunk's draw is
+    discarded) replays exactly, and so does its prefix-cache hit, which is chunked
+    differently: on a CPU host this needs the `cpu_generator_rewind` patch (upstream
+    raised "CPU Generator does not use offset" and the engine died)."""
     long_prompt = "".join(PROMPTS) * 2   # > 64 tokens: chunked prefill
-    assert len(prompt_ids(tokenizer, long_prompt)) > 64
+    assert len(tokenizer(long_prompt, add_special_tokens=False)["input_ids"]) > 64
     sp = SamplingParams(temperature=1.0, top_k=40, top_p=0.95, max_tokens=16, seed=123)
     first = llm.generate([long_prompt], sp)[0].outputs[0]
     again = llm.generate([long_prompt], sp)[0].outputs[0]   # prefix-cache hit
+    check_alignment(first, len(tokenizer))
     assert again.token_ids == first.token_ids
     assert again.sampling_mask == first.sampling_mask
     other = llm.generate([long_prompt], SamplingParams(
@@ -205,7 +208,7 @@ def test_preemption_and_recompute_keep_masks_aligned(llm, tokenizer):
     assert alone.sampling_mask == outs[0].outputs[0].sampling_mask
 
 
-def test_sampling_parameters_act_under_mrv2(llm, tokenizer):
+def test_sampling_parameters_act(llm, tokenizer):
     prompt = PROMPTS[0]
     bad = "self"
     bad_id = prompt_ids(tokenizer, " " + bad)
@@ -226,8 +229,8 @@ def test_sampling_parameters_act_under_mrv2(llm, tokenizer):
     cold, hot, minp, plain, badw, bias, allowed = outs
     assert np.mean(cold.sampling_mask.sizes) < np.mean(hot.sampling_mask.sizes)
     assert np.mean(minp.sampling_mask.sizes) < np.mean(plain.sampling_mask.sizes)
-    if len(bad_id) == 1:
-        assert all(bad_id[0] not in s for s in badw.sampling_mask.token_ids)
+    assert len(bad_id) == 1, "the bad word must be one token for this check"
+    assert all(bad_id[0] not in s for s in badw.sampling_mask.token_ids)
     assert all(t == favoured for t in bias.token_ids)
     assert all(set(s) <= set(range(100, 140)) for s in allowed.sampling_mask.token_ids)
 
@@ -269,13 +272,71 @@ def test_penalties_lower_a_repeated_tokens_logprob(llm):
             assert first not in lp[1]
 
 
+def _ask(value):
+    return {"return_sampling_mask": value}
+
+
 def test_bad_requests_fail_alone_and_the_engine_keeps_serving(llm):
     with pytest.raises(ValueError, match="temperature"):
-        llm.generate(["x"], SamplingParams(temperature=0.0, top_k=10))
-    with pytest.raises(ValueError, match="top_k"):
-        llm.generate(["x"], SamplingParams(temperature=1.0))
+        llm.generate(["x"], SamplingParams(temperature=0.0, top_k=10, extra_args=_ask(True)))
+    with pytest.raises(ValueError, match="max-sampling-mask-size 128"):
+        llm.generate(["x"], SamplingParams(temperature=1.0, top_k=200,
+                                           extra_args=_ask(True)))
+    with pytest.raises(ValueError, match="return_sampling_mask must be true, false"):
+        llm.generate(["x"], SamplingParams(temperature=1.0, top_k=5,
+                                           extra_args=_ask("yes")))
     out = llm.generate(["x"], SamplingParams(temperature=1.0, top_k=5, max_tokens=3))
     assert len(out[0].outputs[0].sampling_mask) == 3
+
+
+def test_greedy_opted_out_and_masked_requests_share_a_batch(llm, tokenizer):
+    """Nothing that asks for no mask is refused or given one; the rest are exact."""
+    base = dict(max_tokens=12, ignore_eos=True, seed=5)
+    params = [
+        SamplingParams(temperature=0.0, **base),                          # greedy
+        SamplingParams(temperature=1.0, **base),                          # untruncated
+        SamplingParams(temperature=1.0, top_k=20, extra_args=_ask(False), **base),
+        SamplingParams(temperature=1.0, top_k=20, **base),                # default
+        SamplingParams(temperature=1.0, top_p=0.8, **base),               # top-p only
+        SamplingParams(temperature=1.0, min_p=0.1, **base),               # min-p only
+        SamplingParams(temperature=1.0, allowed_token_ids=list(range(100, 150)),
+                       extra_args=_ask(True), **base),   # explicit: only banned ids cut
+    ]
+    outs = [o.outputs[0] for o in llm.generate(PROMPTS[:7], params)]
+    for c in outs[:3]:
+        assert c.sampling_mask is None and len(c.token_ids) == 12
+    for c in outs[3:]:
+        check_alignment(c, len(tokenizer))
+    alone = llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=12,
+                                                      ignore_eos=True))[0].outputs[0]
+    assert outs[0].token_ids == alone.token_ids          # greedy stays greedy
+    # explicit true where only allowed_token_ids cuts: exactly the allowed ids
+    assert all(s == list(range(100, 150)) for s in outs[6].sampling_mask.token_ids)
+
+
+def test_top_p_only_and_min_p_only_supports_are_exact(llm, hf_model):
+    cases = [dict(temperature=1.0, top_k=0, top_p=0.6), dict(temperature=0.8, top_k=0,
+                                                             min_p=0.15)]
+    params = [SamplingParams(temperature=c["temperature"], top_p=c.get("top_p", 1.0),
+                             min_p=c.get("min_p", 0.0), max_tokens=16, seed=60 + i,
+                             logprobs=0) for i, c in enumerate(cases)]
+    outs = llm.generate(PROMPTS[:2], params)
+    assert_supports_match_reference(outs, cases, hf_model)
+
+
+def test_a_support_wider_than_the_size_limit_ends_only_its_request(llm, tokenizer):
+    """top_p=0.999 alone keeps thousands of ids: wider than the engine's 128."""
+    params = [SamplingParams(temperature=1.0, top_p=0.999, max_tokens=8, seed=70),
+              SamplingParams(temperature=1.0, top_k=20, max_tokens=8, ignore_eos=True,
+                             seed=71)]
+    wide, fine = [o.outputs[0] for o in llm.generate(PROMPTS[:2], params)]
+    assert wide.finish_reason == "error"
+    assert "--max-sampling-mask-size 128" in wide.sampling_mask_error
+    assert len(wide.sampling_mask) == len(wide.token_ids)
+    check_alignment(fine, len(tokenizer))
+    assert len(fine.token_ids) == 8 and fine.sampling_mask_error is None
+    again = llm.generate([PROMPTS[1]], params[1])[0].outputs[0]
+    assert again.sampling_mask == fine.sampling_mask
 
 
 def _set_extraction_globals(worker, values):
