@@ -1,8 +1,9 @@
 """Mask extraction + device-to-host copy, at real vocabulary sizes, in one run.
 
 Shapes: R in {64, 256, 1024} rows, V = 151,936, and three kinds of processed
-logits: top_k = 50, top_k = 1024, and top-p only (p = 0.95, no top-k: wide
-supports that travel as packed bits).
+logits: top_k = 50, top_k = 1024, and top-p only (p = 0.95 over sharper logits,
+no top-k: supports of one to two thousand ids, laid out at the full
+--max-sampling-mask-size width of 4096).
 
 On CUDA: times the Triton kernel plus the pinned asynchronous copy (CUDA
 events, median of repeats) and prints the achieved bandwidth, (bytes of
@@ -47,8 +48,8 @@ def processed_logits(rows: int, vocab: int, kind: str, device) -> tuple[torch.Te
     """Logits after a sampler's filtering (-inf outside the support), and the
     per-row top-k the sampler would report (vocab_size = no top-k)."""
     g = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(rows, vocab, generator=g, device=device) * 2
     name, value = kind.split("=")
+    x = torch.randn(rows, vocab, generator=g, device=device) * (2 if name == "top_k" else 4)
     if name == "top_k":
         k = int(value)
         kth = x.topk(k, dim=-1).values[:, -1:]
