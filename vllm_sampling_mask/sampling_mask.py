@@ -11,7 +11,7 @@ Support t is ids[offsets[t]:offsets[t + 1]], ascending.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -67,6 +67,65 @@ class SamplingMask:
         counts = np.concatenate([np.diff(m.offsets) for m in masks])
         return cls.from_counts(ids, counts)
 
+    @classmethod
+    def from_response(cls, response, index: int | None = None) -> SamplingMask:
+        """The mask of one choice from the HTTP server, streamed or not.
+
+        `response` is what `/inference/v1/generate`, `/v1/completions` or
+        `/v1/chat/completions` returned, as JSON dicts or as the `openai`
+        client's objects: one choice (`response["choices"][i]`), a whole
+        response, or, for a streamed request, the list of its chunks or of their
+        choices (chunks without choices, like the usage chunk, are skipped).
+        `index` picks the choice where there are several (n > 1, several
+        prompts); without it there must be only one. A streamed choice's mask is
+        its chunks' masks joined in order, so it equals the non-streamed one.
+
+        Raises ValueError when the choice has no mask (`sampling_mask: null`:
+        the request was served without one; no field: a server without this
+        overlay) or when a mask and its `token_ids` differ in length.
+        """
+        if isinstance(response, (list, tuple)):
+            parts = [_plain(item) for item in response]
+        else:
+            parts = [_plain(response)]
+        choices = []
+        for part in parts:
+            if "choices" in part and "index" not in part:   # a response or a chunk
+                choices.extend(_plain(c) for c in part["choices"])
+            else:
+                choices.append(part)
+        indices = sorted({c["index"] for c in choices})
+        if not indices:
+            raise ValueError("SamplingMask.from_response: the response has no choice")
+        if index is None:
+            if len(indices) > 1:
+                raise ValueError(f"SamplingMask.from_response: choices {indices} in the "
+                                 "response; pass index= to pick one")
+            index = indices[0]
+        elif index not in indices:
+            raise ValueError(f"SamplingMask.from_response: no choice with index {index} "
+                             f"(choices {indices})")
+        rows: list[list[int]] = []
+        for k, choice in enumerate(c for c in choices if c["index"] == index):
+            if "sampling_mask" not in choice:
+                raise ValueError(
+                    f"SamplingMask.from_response: choice {index} (part {k}) has no "
+                    "'sampling_mask' field: the server does not run vllm_sampling_mask")
+            lists = choice["sampling_mask"]
+            if lists is None:
+                raise ValueError(
+                    f"SamplingMask.from_response: choice {index} (part {k}) has "
+                    "sampling_mask null: it was served without a mask (the request "
+                    "said return_sampling_mask false, or null with an untruncated "
+                    "distribution, or the server runs without --return-sampling-mask)")
+            token_ids = choice.get("token_ids")
+            if token_ids is not None and len(token_ids) != len(lists):
+                raise ValueError(
+                    f"SamplingMask.from_response: choice {index} (part {k}) has "
+                    f"{len(lists)} supports for {len(token_ids)} token_ids")
+            rows.extend(lists)
+        return cls.from_lists(rows)
+
     # -- views ---------------------------------------------------------------
     @property
     def token_ids(self) -> list[list[int]]:
@@ -111,3 +170,14 @@ class SamplingMask:
             return (f"SamplingMask(tokens={len(self)}, ids={len(self.ids)}, "
                     f"size min/max={int(sizes.min())}/{int(sizes.max())})")
         return "SamplingMask(tokens=0)"
+
+
+def _plain(obj) -> Mapping:
+    """A JSON object as a mapping: a dict as it is, a client object (the `openai`
+    package's pydantic models, extra fields included) through `model_dump()`."""
+    if isinstance(obj, Mapping):
+        return obj
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump()
+    raise TypeError("SamplingMask.from_response: expected JSON dicts or client objects "
+                    f"(with model_dump), got {type(obj).__name__}")

@@ -26,7 +26,7 @@ Packed mask layout (shared with :class:`~vllm_sampling_mask.sampling_mask.Sampli
                       support t is ids[offsets[t]:offsets[t + 1]]
 
 Several sequences can be packed along ``T``: concatenate their logits rows,
-their token ids and their masks (``SamplingMask.concat``).
+their token ids and their masks (``pack_masks``, i.e. ``SamplingMask.concat``).
 
 Entry points
 ------------
@@ -106,7 +106,8 @@ graph: Dynamo does not support creating sparse tensors (the CPU SDDMM) and
 the block loop depends on data, so those parts run eagerly between graph
 breaks.  Checked with torch 2.13 on CPU.
 
-This module depends on torch, numpy and the standard library only.
+This module depends on torch, numpy, the standard library and the numpy-only
+``vllm_sampling_mask.sampling_mask``.
 """
 
 from __future__ import annotations
@@ -120,12 +121,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from vllm_sampling_mask.sampling_mask import SamplingMask
+
 __all__ = [
     "full_logprobs",
     "importance_ratio",
     "mask_to_tensors",
     "nucleus_logprobs",
     "nucleus_logprobs_from_hidden",
+    "pack_masks",
 ]
 
 
@@ -184,6 +188,26 @@ def mask_to_tensors(mask: MaskLike, device: Union[str, torch.device, None] = Non
     ids, offsets = _mask_parts(mask)
     return (_to_index_tensor(ids, "mask ids", device),
             _to_index_tensor(offsets, "mask offsets", device))
+
+
+def pack_masks(masks: Sequence[Any], device: Union[str, torch.device, None] = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pack the masks of a batch of completions for one call of the ops.
+
+    ``masks`` are :class:`SamplingMask` objects (``SamplingMask.from_response``
+    makes one from an HTTP choice, ``CompletionOutput.sampling_mask`` offline).
+    Returns ``(ids, offsets)``, int64 tensors on ``device``: the supports of
+    ``masks[0]`` first, then ``masks[1]``'s, and so on (``SamplingMask.concat``),
+    so that ``nucleus_logprobs(logits, token_ids, pack_masks(masks))`` matches
+    the completions' logits rows and token ids concatenated in the same order.
+    """
+    masks = list(masks)
+    for i, mask in enumerate(masks):
+        if not isinstance(mask, SamplingMask):
+            raise TypeError(f"pack_masks: masks[{i}] is a {type(mask).__name__}, not a "
+                            "SamplingMask (SamplingMask.from_response makes one from an "
+                            "HTTP choice)")
+    return mask_to_tensors(SamplingMask.concat(masks), device)
 
 
 def _token_tensor(token_ids, T: int, device: torch.device) -> torch.Tensor:
