@@ -19,6 +19,10 @@ from vllm_sampling_mask.patches import REGISTRY
 
 GPU = "vllm.v1.worker.gpu"
 V1 = "vllm.v1.worker.gpu_model_runner"
+TITO_P = "vllm.entrypoints.scale_out.token_in_token_out.protocol"
+TITO = "vllm.entrypoints.scale_out.token_in_token_out.serving"
+CMPL = "vllm.entrypoints.openai.completion"
+CHAT = "vllm.entrypoints.openai.chat_completion"
 
 # patch -> [(module, qualified name, parameter names of the original)]
 FUNCTIONS = {
@@ -74,12 +78,42 @@ FUNCTIONS = {
         ("vllm.outputs", "RequestOutput.add", ["self", "next_output", "aggregate"]),
     ],
     "generate_endpoint": [
-        ("vllm.entrypoints.scale_out.token_in_token_out.serving",
-         "ServingTokens.serve_tokens", ["self", "request", "raw_request"]),
-        ("vllm.entrypoints.scale_out.token_in_token_out.serving",
-         "ServingTokens.serve_tokens_full_generator",
+        (TITO, "ServingTokens.serve_tokens", ["self", "request", "raw_request"]),
+        (TITO, "ServingTokens.serve_tokens_full_generator",
          ["self", "request", "result_generator", "request_id", "model_name",
           "request_metadata"]),
+        (TITO, "ServingTokens.serve_tokens_stream_generator",
+         ["self", "request", "result_generator", "request_id", "model_name",
+          "request_metadata"]),
+    ],
+    "completion_protocol": [
+        (f"{CMPL}.protocol", "CompletionRequest.to_sampling_params",
+         ["self", "max_tokens", "default_sampling_params"]),
+    ],
+    "openai_completions": [
+        (f"{CMPL}.serving", "OpenAIServingCompletion.create_completion",
+         ["self", "request", "raw_request"]),
+        (f"{CMPL}.serving", "OpenAIServingCompletion.request_output_to_completion_response",
+         ["self", "final_res_batch", "request", "request_id", "created_time", "model_name",
+          "tokenizer", "request_metadata"]),
+        (f"{CMPL}.serving", "OpenAIServingCompletion.completion_stream_generator",
+         ["self", "request", "engine_inputs", "result_generator", "request_id",
+          "created_time", "model_name", "num_prompts", "tokenizer", "request_metadata"]),
+    ],
+    "chat_protocol": [
+        (f"{CHAT}.protocol", "ChatCompletionRequest.to_sampling_params",
+         ["self", "max_tokens", "default_sampling_params"]),
+    ],
+    "openai_chat": [
+        (f"{CHAT}.serving", "OpenAIServingChat.create_chat_completion",
+         ["self", "request", "raw_request"]),
+        (f"{CHAT}.serving", "OpenAIServingChat.chat_completion_full_generator",
+         ["self", "request", "result_generator", "request_id", "model_name",
+          "conversation", "tokenizer", "request_metadata", "parser", "mm_token_counts"]),
+        (f"{CHAT}.serving", "OpenAIServingChat.chat_completion_stream_generator",
+         ["self", "request", "result_generator", "request_id", "model_name",
+          "conversation", "tokenizer", "request_metadata", "chat_template_kwargs",
+          "mm_token_counts"]),
     ],
     "interpreter_dummy_run": [
         (f"{GPU}.model_runner", "GPUModelRunner._dummy_sampler_run",
@@ -124,13 +158,25 @@ NAMES = {
     "scheduler": [("vllm.v1.core.sched.scheduler", "EngineCoreOutput"),
                   ("vllm.v1.engine", "FinishReason.ERROR"),
                   ("vllm.v1.request", "RequestStatus.FINISHED_ERROR")],
+    "generate_protocol": [(TITO_P, name) for name in (
+        "GenerateRequest", "GenerateResponseChoice", "GenerateResponse")],
+    "completion_protocol": [(f"{CMPL}.protocol", name) for name in
+                            ("CompletionResponseChoice", "CompletionResponse")],
+    "chat_protocol": [(f"{CHAT}.protocol", name) for name in
+                      ("ChatCompletionResponseChoice", "ChatCompletionResponse")],
+    # the routes: error responses, and the error events `open_stream` turns into them
     "generate_endpoint": [
-        ("vllm.entrypoints.scale_out.token_in_token_out.serving", "GenerateResponse"),
-        ("vllm.entrypoints.scale_out.token_in_token_out.serving",
-         "GenerateResponseChoice"),
-        ("vllm.entrypoints.scale_out.token_in_token_out.serving",
-         "ServingTokens.create_error_response"),
-        ("vllm.entrypoints.openai.engine.protocol", "GenerationError")],
+        (TITO, "GenerateResponse"), (TITO, "ServingTokens.create_error_response"),
+        ("vllm.sampling_params", "RequestOutputKind.FINAL_ONLY"),
+        ("vllm.entrypoints.openai.engine.protocol", "ErrorResponse"),
+        ("vllm.exceptions", "VLLMClientError")],
+    "openai_completions": [
+        (f"{CMPL}.serving", "OpenAIServingCompletion.create_error_response"),
+        ("vllm.entrypoints.generate.base.serving",
+         "GenerateBaseServing.create_streaming_error_response")],
+    "openai_chat": [
+        (f"{CHAT}.serving", "ChatCompletionResponse"),
+        (f"{CHAT}.serving", "OpenAIServingChat.create_error_response")],
     "output_processor": [("vllm.sampling_params", "RequestOutputKind.DELTA")],
 }
 
@@ -171,6 +217,36 @@ SOURCE_USES = {
                     ['self.logprobs_mode == "processed_logprobs"'])],
     "cpu_generator_rewind": [(V1, "GPUModelRunner._bookkeeping_sync",
                               ["gen.set_offset(", "self.discard_request_mask.np"])],
+    # `StreamMasks`: each result's outputs are iterated once, each chunk is built from
+    # the output being iterated and sent as a `data: {json}` event; the choices of
+    # full responses are numbered as the patches read them; error responses are
+    # what the routes return as HTTP errors.
+    "generate_endpoint": [
+        (TITO, "ServingTokens.serve_tokens_stream_generator",
+         ["async for res in result_generator", "for output in res.outputs",
+          "i = output.index", 'yield f"data: {chunk.model_dump_json()}\\n\\n"',
+          # sized from the first result: `every_choice_first` hands it every choice
+          "num_generated_tokens = [0] * len(res.outputs)"]),
+        (TITO, "ServingTokens.serve_tokens_full_generator", ["index=output.index"]),
+        ("vllm.entrypoints.scale_out.token_in_token_out.api_router", "generate",
+         ["isinstance(generator, ErrorResponse)"])],
+    "openai_completions": [
+        (f"{CMPL}.serving", "OpenAIServingCompletion.completion_stream_generator",
+         ["async for prompt_idx, res in result_generator", "for output in res.outputs",
+          "i = output.index + prompt_idx * num_choices", 'yield f"data: {response_json}']),
+        (f"{CMPL}.serving", "OpenAIServingCompletion.request_output_to_completion_response",
+         ["for final_res in final_res_batch", "for output in final_res.outputs",
+          "index=len(choices)"]),
+        (f"{CMPL}.api_router", "create_completion",
+         ["isinstance(generator, ErrorResponse)"])],
+    "openai_chat": [
+        (f"{CHAT}.serving", "OpenAIServingChat.chat_completion_stream_generator",
+         ["async for res in result_generator", "for output in res.outputs",
+          "i = output.index", 'yield f"data: {data}']),
+        (f"{CHAT}.serving", "OpenAIServingChat.chat_completion_full_generator",
+         ["index=output.index"]),
+        (f"{CHAT}.api_router", "create_chat_completion",
+         ["isinstance(generator, ErrorResponse)"])],
 }
 
 

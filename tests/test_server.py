@@ -9,7 +9,7 @@ import socket
 import pytest
 import requests
 
-from vllm_sampling_mask import DEMO_MODEL
+from vllm_sampling_mask import DEMO_MODEL, SamplingMask
 from vllm_sampling_mask.demo import serving
 
 
@@ -27,7 +27,8 @@ def server_log(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(server_log):
     log = server_log
-    with serving(free_port(), str(log), extra=["--max-num-seqs", "8"], runner="v1") as base:
+    extra = ["--max-num-seqs", "8", "--max-sampling-mask-size", "128"]
+    with serving(free_port(), str(log), extra=extra, runner="v1") as base:
         yield base
 
 
@@ -81,18 +82,80 @@ def test_stop_token_and_seed_over_http(server, tok):
         assert ca["token_ids"][-1] == newline
 
 
-@pytest.mark.parametrize("params, parameter", [
-    (dict(temperature=0.0, top_k=10, max_tokens=4), "temperature"),
-    (dict(temperature=1.0, max_tokens=4), "top_k"),
-    (dict(temperature=1.0, top_k=-1, max_tokens=4, stream=True), "top_k"),
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("field, params, parameter", [
+    ("yes", dict(temperature=1.0, top_k=10, max_tokens=4), "return_sampling_mask"),
+    (None, dict(temperature=1.0, top_k=10, max_tokens=4,
+                extra_args={"return_sampling_mask": "yes"}), "return_sampling_mask"),
+    (True, dict(temperature=0.0, max_tokens=4), "temperature"),
+    (True, dict(temperature=1.0, top_k=500, max_tokens=4), "top_k"),   # above the limit
 ])
-def test_bad_requests_get_400_and_server_stays_healthy(server, tok, params, parameter):
-    stream = params.pop("stream", False)
+def test_bad_requests_get_400_and_server_stays_healthy(server, field, params, parameter,
+                                                       stream):
     body = {"model": DEMO_MODEL, "token_ids": [5, 6, 7], "sampling_params": params,
-            "stream": stream}
+            "stream": stream, "return_sampling_mask": field}
     r = requests.post(server + "/inference/v1/generate", json=body, timeout=600)
     assert r.status_code == 400, r.text
     assert parameter in r.text
+    assert_healthy(server)
+
+
+def test_the_body_field_reaches_the_engine(server):
+    params = dict(temperature=1.0, top_k=10, max_tokens=3, seed=1)
+    assert len(generate(server, [5, 6, 7], **params).json()["choices"][0]
+               ["sampling_mask"]) == 3
+    body = {"model": DEMO_MODEL, "token_ids": [5, 6, 7], "sampling_params": params,
+            "return_sampling_mask": False}
+    r = requests.post(server + "/inference/v1/generate", json=body, timeout=600)
+    assert r.status_code == 200 and r.json()["choices"][0]["sampling_mask"] is None
+    # greedy, untruncated: served as stock, without a mask
+    (choice,) = generate(server, [5, 6, 7], temperature=0.0, max_tokens=3).json()["choices"]
+    assert choice["sampling_mask"] is None and len(choice["token_ids"]) == 3
+
+
+def stream_events(base, body):
+    with requests.post(base + "/inference/v1/generate", json={**body, "stream": True},
+                       stream=True, timeout=600) as r:
+        assert r.status_code == 200, r.text
+        events = [line[len(b"data: "):] for line in r.iter_lines() if line]
+    assert events[-1] == b"[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def test_streamed_chunks_carry_their_tokens_masks_and_join_to_the_full_result(server):
+    body = {"model": DEMO_MODEL, "token_ids": [5, 6, 7],
+            "stream_options": {"include_usage": True},
+            "sampling_params": dict(temperature=0.8, top_k=20, max_tokens=12, seed=5, n=2,
+                                    logprobs=0)}
+    full = requests.post(server + "/inference/v1/generate", json=body, timeout=600).json()
+    chunks = stream_events(server, body)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 24
+    for chunk in chunks[:-1]:
+        for choice in chunk["choices"]:
+            assert len(choice["sampling_mask"]) == len(choice["token_ids"]) >= 1
+            assert len(choice["logprobs"]["content"]) == len(choice["token_ids"])
+            assert all(t in s for t, s in zip(choice["token_ids"], choice["sampling_mask"]))
+    for want in full["choices"]:
+        streamed = [c for chunk in chunks for c in chunk["choices"]
+                    if c["index"] == want["index"]]
+        assert [t for c in streamed for t in c["token_ids"]] == want["token_ids"]
+        assert [s for c in streamed for s in c["sampling_mask"]] == want["sampling_mask"]
+        assert (SamplingMask.from_response(chunks, index=want["index"])
+                == SamplingMask.from_response(want))
+
+
+def test_a_mask_error_is_a_400_or_an_error_event_with_its_message(server):
+    """min_p alone: a step's support outgrows the engine's limit of 128."""
+    body = {"model": DEMO_MODEL, "token_ids": [5, 6, 7],
+            "sampling_params": {"temperature": 1.0, "min_p": 0.005, "max_tokens": 16,
+                                "seed": 0}}
+    r = requests.post(server + "/inference/v1/generate", json=body, timeout=600)
+    assert r.status_code == 400
+    assert "--max-sampling-mask-size 128" in r.json()["error"]["message"]
+    *chunks, error = stream_events(server, body)
+    assert chunks, "the first steps were narrow enough to stream"
+    assert error["error"]["code"] == 400
+    assert "--max-sampling-mask-size 128" in error["error"]["message"]
     assert_healthy(server)
 
 

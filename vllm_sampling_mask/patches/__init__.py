@@ -32,5 +32,13 @@ REGISTRY: dict[str, str] = {
     "core_client": "vllm.v1.engine.core_client",
     "output_processor": "vllm.v1.engine.output_processor",
     "completion_output": "vllm.outputs",
+    # The HTTP routes: the body field in and `choices[].sampling_mask` out (the
+    # protocol modules, before any route binds their classes), filled by the
+    # serving modules, chunk by chunk when streamed.
+    "generate_protocol": "vllm.entrypoints.scale_out.token_in_token_out.protocol",
     "generate_endpoint": "vllm.entrypoints.scale_out.token_in_token_out.serving",
+    "completion_protocol": "vllm.entrypoints.openai.completion.protocol",
+    "openai_completions": "vllm.entrypoints.openai.completion.serving",
+    "chat_protocol": "vllm.entrypoints.openai.chat_completion.protocol",
+    "openai_chat": "vllm.entrypoints.openai.chat_completion.serving",
 }

@@ -1,79 +1,102 @@
-"""`choices[].sampling_mask` in `POST /inference/v1/generate`.
+"""`choices[].sampling_mask` from `POST /inference/v1/generate`, streamed or not.
 
-What: in `vllm/entrypoints/scale_out/token_in_token_out/serving.py`, swaps
-    the response models for subclasses whose choice has
-    `sampling_mask: list[list[int]] | None` (pydantic serialises a list field
-    by its declared item type, so the response class is swapped too), fills it
-    from each final `CompletionOutput`, and checks a request's sampling
-    parameters before generation starts (a 400 for streaming requests too,
-    instead of an error event after a 200). With the flag on, a non-streaming
-    request runs with FINAL_ONLY outputs, so `n > 1` returns every choice
-    (upstream's cumulative outputs keep only the children that finished in the
-    last step). A choice whose mask path failed (`sampling_mask_error`) turns
-    the response into an HTTP 500 carrying that message, never a choice
-    without its mask. Streaming chunks are unchanged.
+What: in `vllm/entrypoints/scale_out/token_in_token_out/serving.py`, wraps
+    `ServingTokens.serve_tokens` to put the `return_sampling_mask` body field
+    (declared by the `generate_protocol` patch) into the request's
+    `SamplingParams.extra_args`, and, with the engine flag on, to run a
+    non-streaming request with FINAL_ONLY outputs (so `n > 1` returns every
+    choice: upstream's cumulative outputs keep only the children that finished
+    in the last step) and to start a stream only once its first event is not
+    an error (a request the input processor refuses is an HTTP 400, streamed or
+    not); `serve_tokens_full_generator` to fill each choice's `sampling_mask`
+    from its final `CompletionOutput`; `serve_tokens_stream_generator` to give
+    each chunk the supports of exactly its tokens (`_http.StreamMasks`), the
+    first result it reads holding every choice of an n > 1 request (upstream
+    sizes its per-choice counters from it, and failed with "list index out of
+    range" when some children's first tokens came later). A
+    completion the mask path ended (`sampling_mask_error`) is an HTTP 400
+    carrying that message, or an error event in a stream; never a choice
+    without its mask.
 Why: the token-in/token-out endpoint is the RL trainers' way in.
-Remove when: upstream returns the mask from this endpoint (vLLM #49577).
+Remove when: upstream vLLM PR #49577 (sampling masks upstream, vLLM 0.28)
+    returns the mask from this endpoint.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
+
 from vllm_sampling_mask.config import mask_enabled
-from vllm_sampling_mask.errors import SamplingMaskRequestError, check_request
+from vllm_sampling_mask.patches._http import (SamplingMaskGenerationError, StreamMasks,
+                                              arg, forward_body_field, mask_lists,
+                                              open_stream, recording, replace_arg)
 from vllm_sampling_mask.patches._wrap import wraps
 
 
 def apply(module) -> None:
-    from vllm.entrypoints.openai.engine.protocol import GenerationError
     from vllm.sampling_params import RequestOutputKind
 
-    class GenerateResponseChoice(module.GenerateResponseChoice):
-        sampling_mask: list[list[int]] | None = None
-
-    class GenerateResponse(module.GenerateResponse):
-        choices: list[GenerateResponseChoice]
-
-    module.GenerateResponseChoice = GenerateResponseChoice
-    module.GenerateResponse = GenerateResponse
+    def masks_on(serving) -> bool:
+        return mask_enabled(serving.engine_client.vllm_config)
 
     @wraps(module, "ServingTokens.serve_tokens")
     async def serve_tokens(wrapped, self, args, kwargs):
-        request = args[0] if args else kwargs["request"]
-        params = request.sampling_params
-        if mask_enabled(self.engine_client.vllm_config) and params:
-            try:
-                check_request(params)
-            except SamplingMaskRequestError as exc:
-                return self.create_error_response(exc)
-            if not request.stream:
-                # One final output holding every child of n > 1: upstream's
-                # cumulative outputs carry only the children that finished last.
-                params.output_kind = RequestOutputKind.FINAL_ONLY
-        return await wrapped(*args, **kwargs)
+        request = arg(args, kwargs, 0, "request")
+        forward_body_field(request.sampling_params, request.return_sampling_mask)
+        on = masks_on(self)
+        if on and not request.stream:
+            # One final output holding every child of n > 1.
+            request.sampling_params.output_kind = RequestOutputKind.FINAL_ONLY
+        result = await wrapped(*args, **kwargs)
+        if isinstance(result, AsyncGenerator) and (
+                on or request.return_sampling_mask is not None):
+            return await open_stream(result)
+        return result
 
     @wraps(module, "ServingTokens.serve_tokens_full_generator")
     async def serve_tokens_full_generator(wrapped, self, args, kwargs):
         final = {}
-
-        async def recording(gen):
-            async for res in gen:
-                for completion in res.outputs:
-                    final[completion.index] = completion
-                yield res
-
-        args = list(args)
-        if len(args) > 1:
-            args[1] = recording(args[1])
-        else:
-            kwargs["result_generator"] = recording(kwargs["result_generator"])
-        response = await wrapped(*args, **kwargs)
-        if not isinstance(response, GenerateResponse):
-            return response
-        for choice in response.choices:
-            completion = final[choice.index]
-            if completion.sampling_mask_error is not None:
-                return self.create_error_response(
-                    GenerationError(completion.sampling_mask_error))
-            mask = completion.sampling_mask
-            choice.sampling_mask = None if mask is None else mask.token_ids
+        args, kwargs = replace_arg(args, kwargs, 1, "result_generator",
+                                   lambda results: recording(results, final))
+        try:
+            response = await wrapped(*args, **kwargs)
+        except SamplingMaskGenerationError as exc:
+            return self.create_error_response(exc)
+        if isinstance(response, module.GenerateResponse):
+            for choice in response.choices:
+                choice.sampling_mask = mask_lists(final[choice.index])
         return response
+
+    @wraps(module, "ServingTokens.serve_tokens_stream_generator")
+    def serve_tokens_stream_generator(wrapped, self, args, kwargs):
+        if not masks_on(self):
+            return wrapped(*args, **kwargs)
+        n = arg(args, kwargs, 0, "request").sampling_params.n
+        masks = StreamMasks()
+        args, kwargs = replace_arg(
+            args, kwargs, 1, "result_generator",
+            lambda results: masks.watch(every_choice_first(results, n)))
+        return masks.chunks(wrapped(*args, **kwargs))
+
+
+async def every_choice_first(results, n: int):
+    """Re-yield a stream's results, the first one holding all `n` choices: upstream
+    sizes its per-choice counters from the first result, and with n > 1 that may
+    hold only the children whose first tokens came first ("list index out of
+    range"). Leading DELTA results are merged into it (`RequestOutput.add`, which
+    joins their masks too)."""
+    try:
+        first = None
+        async for res in results:
+            if first is None:
+                first = res
+            else:
+                first.add(res, aggregate=True)
+            if first.finished or len({c.index for c in first.outputs}) >= n:
+                break
+        if first is not None:
+            yield first
+        async for res in results:
+            yield res
+    finally:
+        await results.aclose()

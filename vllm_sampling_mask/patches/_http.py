@@ -1,0 +1,197 @@
+"""What the three HTTP routes share (`/inference/v1/generate`, `/v1/completions`,
+`/v1/chat/completions`); no upstream seam of its own, the route patches use it.
+
+- the `return_sampling_mask` body field: its declaration, and its way into the
+  request's own `SamplingParams.extra_args` (where the input processor decides);
+- a completion the mask path ended (`CompletionOutput.sampling_mask_error`):
+  `SamplingMaskGenerationError`, an HTTP 400 carrying the message (an error event
+  in a stream), never upstream's 500 "Internal server error";
+- stream chunks: `StreamMasks` watches the engine's DELTA outputs and writes, into
+  each chunk choice upstream emits, the supports of exactly that chunk's tokens;
+- `open_stream`: a stream whose first event is an error (the input processor
+  refused the request) is answered with that HTTP error instead of a 200.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+
+from pydantic import Field, StrictBool
+from vllm.exceptions import VLLMClientError
+
+from vllm_sampling_mask.sampling_mask import SamplingMask
+from vllm_sampling_mask.validation import MASK_ARG
+
+# The request body field `return_sampling_mask` (top level; the `openai` client sends
+# it through `extra_body`). Strict: "yes" or 1 is a 400 naming it, never a coerced True.
+BodyField = StrictBool | None
+
+
+def body_field():
+    return Field(default=None, description=(
+        "Return, for every generated token, the ids the sampler could draw it from "
+        "(`choices[].sampling_mask`). true: a mask (refused unless the server runs "
+        "with --return-sampling-mask and temperature > 0); false: none; null: a mask "
+        "when the server's flag is on and the distribution is truncated."))
+
+
+# The response choice field: one list of ids per generated token, or null.
+MaskField = list[list[int]] | None
+
+
+class SamplingMaskGenerationError(VLLMClientError):
+    """A completion whose mask could not be taken (`sampling_mask_error`): the
+    client gets its message with HTTP 400, or as an error event in a stream."""
+
+
+def forward_body_field(params, value):
+    """Put the body field into `params.extra_args[MASK_ARG]`, keeping the other
+    extra args; absent (null) leaves them as they are. Returns `params`."""
+    if value is not None:
+        params.extra_args = {**(params.extra_args or {}), MASK_ARG: value}
+    return params
+
+
+def raise_mask_errors(completions) -> None:
+    for completion in completions:
+        if completion.sampling_mask_error is not None:
+            raise SamplingMaskGenerationError(completion.sampling_mask_error)
+
+
+def mask_lists(completion) -> list[list[int]] | None:
+    """A final `CompletionOutput`'s mask as a response choice carries it."""
+    raise_mask_errors([completion])
+    mask = completion.sampling_mask
+    return None if mask is None else mask.token_ids
+
+
+async def recording(results: AsyncIterator, final: dict):
+    """Re-yield the engine's `RequestOutput`s, keeping each choice's latest
+    `CompletionOutput` in `final` (by index); a mask error raises."""
+    try:
+        async for res in results:
+            raise_mask_errors(res.outputs)
+            for completion in res.outputs:
+                final[completion.index] = completion
+            yield res
+    finally:
+        await results.aclose()
+
+
+def replace_arg(args, kwargs, position: int, name: str, make: Callable):
+    """(args, kwargs) with the argument at `position` / `name` replaced by `make(it)`."""
+    if len(args) > position:
+        args = (*args[:position], make(args[position]), *args[position + 1:])
+    else:
+        kwargs = {**kwargs, name: make(kwargs[name])}
+    return args, kwargs
+
+
+def arg(args, kwargs, position: int, name: str):
+    return args[position] if len(args) > position else kwargs[name]
+
+
+class StreamMasks:
+    """The masks of one streamed request, handed from the engine's DELTA outputs
+    to the chunks upstream builds from them.
+
+    `watch` re-yields the result generator upstream's stream generator consumes;
+    as upstream reaches each `CompletionOutput` of a result (`for output in
+    res.outputs`), that output's supports become pending under its chunk choice
+    index. `chunks` re-yields upstream's `data: {...}` events and sets
+    `sampling_mask` on every chunk choice to what is pending for it: the
+    supports of the tokens of the output upstream is building that chunk from
+    (the chunk's own `token_ids`), with those of any earlier output upstream
+    gave no chunk; `[]` for a chunk built from no output (the chat role chunk);
+    null for a request without a mask.
+    """
+
+    def __init__(self, choice_index: Callable[[int, object], int] | None = None,
+                 indexed: bool = False) -> None:
+        # (prompt index, CompletionOutput) -> the chunk's choice index
+        self._choice_index = choice_index or (lambda _prompt, completion: completion.index)
+        self._indexed = indexed  # results are (prompt index, RequestOutput) pairs
+        self._pending: dict[int, list[SamplingMask]] = {}
+        self._masked = False
+
+    async def watch(self, results: AsyncIterator):
+        try:
+            async for item in results:
+                prompt, res = item if self._indexed else (0, item)
+                raise_mask_errors(res.outputs)
+                if any(c.sampling_mask is not None for c in res.outputs):
+                    self._masked = True
+                res.outputs = _Reached(res.outputs, lambda c, p=prompt: self._reach(p, c))
+                yield item
+        finally:
+            await results.aclose()
+
+    def _reach(self, prompt: int, completion) -> None:
+        if completion.sampling_mask is not None:
+            self._pending.setdefault(self._choice_index(prompt, completion),
+                                     []).append(completion.sampling_mask)
+
+    async def chunks(self, events: AsyncIterator[str]):
+        try:
+            async for event in events:
+                yield self._with_masks(event)
+        finally:
+            await events.aclose()
+
+    def _with_masks(self, event: str) -> str:
+        chunk = _event_json(event)
+        if chunk is None or not chunk.get("choices"):
+            return event  # [DONE], an error event, the usage chunk
+        for choice in chunk["choices"]:
+            parts = self._pending.pop(choice["index"], [])
+            choice["sampling_mask"] = (SamplingMask.concat(parts).token_ids
+                                       if self._masked else None)
+        return f"data: {json.dumps(chunk, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+class _Reached(list):
+    """A result's outputs that report each output as the stream generator
+    iterating them reaches it."""
+
+    def __init__(self, outputs, reach: Callable) -> None:
+        super().__init__(outputs)
+        self._reach = reach
+
+    def __iter__(self):
+        for completion in super().__iter__():
+            self._reach(completion)
+            yield completion
+
+
+def _event_json(event: str) -> dict | None:
+    if not event.startswith("data: {"):
+        return None
+    return json.loads(event[len("data: "):])
+
+
+async def open_stream(events: AsyncIterator[str]):
+    """Pull a stream's first event before the response starts. An error event
+    there (the input processor refused the request, or its first step failed)
+    becomes the HTTP error response (`ErrorResponse`, status = its code), as for
+    a request that is not streamed; otherwise the stream goes on unchanged."""
+    from vllm.entrypoints.openai.engine.protocol import ErrorResponse
+
+    try:
+        first = await anext(events)
+    except StopAsyncIteration:
+        return events
+    event = _event_json(first)
+    if event is not None and "error" in event and "choices" not in event:
+        await events.aclose()
+        return ErrorResponse.model_validate(event)
+    return _resumed(first, events)
+
+
+async def _resumed(first: str, events: AsyncIterator[str]):
+    try:
+        yield first
+        async for event in events:
+            yield event
+    finally:
+        await events.aclose()

@@ -1,0 +1,45 @@
+"""`/v1/chat/completions` wire format: the `return_sampling_mask` body field in,
+`choices[].sampling_mask` out.
+
+What: in `vllm/entrypoints/openai/chat_completion/protocol.py`, replaces
+    `ChatCompletionRequest` with a subclass that declares the body field
+    `return_sampling_mask: bool | None` (strict: "yes" is a 400 naming it) and
+    whose `to_sampling_params` puts it into the request's
+    `SamplingParams.extra_args["return_sampling_mask"]` (other extra args kept;
+    absent leaves them alone), where the input processor decides; and
+    `ChatCompletionResponseChoice` / `ChatCompletionResponse` with subclasses
+    that declare `sampling_mask: list[list[int]] | None` (the response class
+    too: pydantic serialises a list field by its declared item type). The names
+    are replaced as the module finishes executing, so the route (`api_router`)
+    parses the subclass and the serving module builds the subclasses. The
+    `openai_chat` patch fills the field.
+Why: the per-request choice must reach the engine from the OpenAI client
+    (`extra_body={"return_sampling_mask": ...}`), and the mask must reach it back.
+Remove when: upstream vLLM PR #49577 (sampling masks upstream, vLLM 0.28)
+    declares these fields.
+"""
+
+from __future__ import annotations
+
+from vllm_sampling_mask.patches._http import (BodyField, MaskField, body_field,
+                                              forward_body_field)
+from vllm_sampling_mask.patches._wrap import wraps
+
+
+def apply(module) -> None:
+    class ChatCompletionRequest(module.ChatCompletionRequest):
+        return_sampling_mask: BodyField = body_field()
+
+    class ChatCompletionResponseChoice(module.ChatCompletionResponseChoice):
+        sampling_mask: MaskField = None
+
+    class ChatCompletionResponse(module.ChatCompletionResponse):
+        choices: list[ChatCompletionResponseChoice]
+
+    module.ChatCompletionRequest = ChatCompletionRequest
+    module.ChatCompletionResponseChoice = ChatCompletionResponseChoice
+    module.ChatCompletionResponse = ChatCompletionResponse
+
+    @wraps(module, "ChatCompletionRequest.to_sampling_params")
+    def to_sampling_params(wrapped, self, args, kwargs):
+        return forward_body_field(wrapped(*args, **kwargs), self.return_sampling_mask)

@@ -1,0 +1,66 @@
+"""`choices[].sampling_mask` from `POST /v1/chat/completions`, streamed or not.
+
+What: in `vllm/entrypoints/openai/chat_completion/serving.py`, wraps
+    `OpenAIServingChat.create_chat_completion` to answer a completion the mask
+    path ended (`sampling_mask_error`) with HTTP 400 carrying its message
+    (upstream: a 500 "Internal server error"), and to start a stream only once
+    its first event is not an error (a request the input processor refuses is
+    an HTTP 400, streamed or not); `chat_completion_full_generator` to fill
+    each choice's `sampling_mask` (declared by the `chat_protocol` patch) from
+    its final `CompletionOutput`; `chat_completion_stream_generator` to give
+    each chunk the supports of exactly its tokens (`_http.StreamMasks`: `[]` on
+    the role chunk; tokens a parser held back without a chunk go with the
+    choice's next chunk) and to end a stream with an error event carrying a
+    mask error's message. The body field reaches the engine through
+    `ChatCompletionRequest.to_sampling_params` (`chat_protocol`).
+Why: RL trainers that sample through the OpenAI chat API.
+Remove when: upstream vLLM PR #49577 (sampling masks upstream, vLLM 0.28)
+    returns the mask from this endpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+
+from vllm_sampling_mask.config import mask_enabled
+from vllm_sampling_mask.patches._http import (SamplingMaskGenerationError, StreamMasks,
+                                              arg, mask_lists, open_stream, recording,
+                                              replace_arg)
+from vllm_sampling_mask.patches._wrap import wraps
+
+
+def apply(module) -> None:
+    def masks_on(serving) -> bool:
+        return mask_enabled(serving.engine_client.vllm_config)
+
+    @wraps(module, "OpenAIServingChat.create_chat_completion")
+    async def create_chat_completion(wrapped, self, args, kwargs):
+        request = arg(args, kwargs, 0, "request")
+        on = masks_on(self)
+        try:
+            result = await wrapped(*args, **kwargs)
+        except SamplingMaskGenerationError as exc:
+            return self.create_error_response(exc)
+        if isinstance(result, AsyncGenerator) and (
+                on or request.return_sampling_mask is not None):
+            return await open_stream(result)
+        return result
+
+    @wraps(module, "OpenAIServingChat.chat_completion_full_generator")
+    async def chat_completion_full_generator(wrapped, self, args, kwargs):
+        final = {}
+        args, kwargs = replace_arg(args, kwargs, 1, "result_generator",
+                                   lambda results: recording(results, final))
+        response = await wrapped(*args, **kwargs)
+        if isinstance(response, module.ChatCompletionResponse):
+            for choice in response.choices:
+                choice.sampling_mask = mask_lists(final[choice.index])
+        return response
+
+    @wraps(module, "OpenAIServingChat.chat_completion_stream_generator")
+    def chat_completion_stream_generator(wrapped, self, args, kwargs):
+        if not masks_on(self):
+            return wrapped(*args, **kwargs)
+        masks = StreamMasks()
+        args, kwargs = replace_arg(args, kwargs, 1, "result_generator", masks.watch)
+        return masks.chunks(wrapped(*args, **kwargs))

@@ -1,0 +1,69 @@
+"""`choices[].sampling_mask` from `POST /v1/completions`, streamed or not.
+
+What: in `vllm/entrypoints/openai/completion/serving.py`, wraps
+    `OpenAIServingCompletion.create_completion` to answer a completion the mask
+    path ended (`sampling_mask_error`) with HTTP 400 carrying its message
+    (upstream: a 500 "Internal server error"), and to start a stream only once
+    its first event is not an error (a request the input processor refuses is
+    an HTTP 400, streamed or not); `request_output_to_completion_response` to
+    fill each choice's `sampling_mask` (declared by the `completion_protocol`
+    patch) from its final `CompletionOutput` (upstream numbers the choices of
+    all prompts in order); `completion_stream_generator` to give each chunk the
+    supports of exactly its tokens (`_http.StreamMasks`; a chunk's choice index
+    is `output.index + prompt index * n`, as upstream's) and to end a stream
+    with an error event carrying a mask error's message. The body field reaches
+    the engine through `CompletionRequest.to_sampling_params`
+    (`completion_protocol`). The mask covers the generated tokens (what
+    `return_token_ids` returns as `token_ids`), also with `echo`.
+Why: RL trainers that sample through the OpenAI API.
+Remove when: upstream vLLM PR #49577 (sampling masks upstream, vLLM 0.28)
+    returns the mask from this endpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+
+from vllm_sampling_mask.config import mask_enabled
+from vllm_sampling_mask.patches._http import (SamplingMaskGenerationError, StreamMasks,
+                                              arg, mask_lists, open_stream,
+                                              raise_mask_errors, replace_arg)
+from vllm_sampling_mask.patches._wrap import wraps
+
+
+def apply(module) -> None:
+    def masks_on(serving) -> bool:
+        return mask_enabled(serving.engine_client.vllm_config)
+
+    @wraps(module, "OpenAIServingCompletion.create_completion")
+    async def create_completion(wrapped, self, args, kwargs):
+        request = arg(args, kwargs, 0, "request")
+        on = masks_on(self)
+        try:
+            result = await wrapped(*args, **kwargs)
+        except SamplingMaskGenerationError as exc:
+            return self.create_error_response(exc)
+        if isinstance(result, AsyncGenerator) and (
+                on or request.return_sampling_mask is not None):
+            return await open_stream(result)
+        return result
+
+    @wraps(module, "OpenAIServingCompletion.request_output_to_completion_response")
+    def request_output_to_completion_response(wrapped, self, args, kwargs):
+        final_res_batch = arg(args, kwargs, 0, "final_res_batch")
+        completions = [c for res in final_res_batch for c in res.outputs]
+        raise_mask_errors(completions)
+        response = wrapped(*args, **kwargs)
+        for choice, completion in zip(response.choices, completions, strict=True):
+            choice.sampling_mask = mask_lists(completion)
+        return response
+
+    @wraps(module, "OpenAIServingCompletion.completion_stream_generator")
+    def completion_stream_generator(wrapped, self, args, kwargs):
+        if not masks_on(self):
+            return wrapped(*args, **kwargs)
+        n = arg(args, kwargs, 0, "request").n or 1
+        masks = StreamMasks(lambda prompt, completion: completion.index + prompt * n,
+                            indexed=True)
+        args, kwargs = replace_arg(args, kwargs, 2, "result_generator", masks.watch)
+        return masks.chunks(wrapped(*args, **kwargs))
