@@ -3,7 +3,7 @@
 "Clean": none of the variables the rest of the suite sets (TRITON_INTERPRET,
 VLLM_USE_V2_MODEL_RUNNER, VLLM_CPU_KVCACHE_SPACE, ...), so a new user's shell.
 The served command gets a free port appended (the README's is vLLM's default,
-8000), and the curl line is sent to that port.
+8000), and the curl line and the `openai` example are sent to that port.
 """
 
 from __future__ import annotations
@@ -81,6 +81,16 @@ def test_readme_serve_and_curl_run_as_printed(tmp_path):
         assert len(choice["sampling_mask"]) == len(choice["token_ids"]) == 4
         text = (tmp_path / "serve.log").read_text()
         assert "Sampling masks on" in text and "V1 model runner" in text
+        # the openai-client example, against the same server
+        (example,) = blocks("py")
+        script = tmp_path / "chat.py"
+        script.write_text(example.replace("localhost:8000", f"localhost:{port}"))
+        r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=clean_env(),
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-3000:]
+        tokens, masks = [eval(l) for l in r.stdout.splitlines() if l.startswith("[")][-2:]
+        assert len(tokens) == len(masks) == 8
+        assert all(t in m for t, m in zip(tokens, masks))
     finally:
         os.killpg(proc.pid, 15)
         try:
