@@ -241,3 +241,21 @@ def test_wide_rows_unpack_in_linear_time_from_their_crossing_word():
     # head = the first 3 ids; bits valid from word 1 (ids >= 32) on, as the kernel writes
     got = unpack_wide_row(np.array([3, 40, 41], dtype=np.int32), words, start_word=1)
     assert got.tolist() == [3, 40, 41, 100, 101, 300]
+
+
+def test_batches_of_several_chunks_are_extracted_whole():
+    """The torch path runs chunks of rows: every chunk, selected rows or not."""
+    from vllm_sampling_mask import extraction
+    vocab = 3000
+    logits = _processed(rows=9, vocab=vocab, k=7, seed=4)
+    saved = extraction.CHUNK_ELEMENTS
+    extraction.CHUNK_ELEMENTS = 2 * vocab                 # two rows per chunk
+    try:
+        for wanted in (np.ones(9, bool), np.arange(9) % 2 == 0):
+            mask = extract_selected(logits, np.full(9, 7), wanted, max_size=4096)
+            host = MaskCopy(mask, pool=None).result(np.ones(9))
+            for r in np.flatnonzero(wanted):
+                assert host.row(r).tolist() == \
+                    torch.nonzero(torch.isfinite(logits[r])).view(-1).tolist()
+    finally:
+        extraction.CHUNK_ELEMENTS = saved

@@ -313,13 +313,13 @@ def _extract_torch(logits: torch.Tensor, rows: torch.Tensor | None, block: torch
     for r0 in range(0, layout.rows, chunk):
         x = (logits[r0: r0 + chunk] if rows is None
              else logits.index_select(0, rows[r0: r0 + chunk])).contiguous()
-        rows = len(x)
-        keep = scratch[: (rows * vocab + 7) // 8 * 8]
+        n = len(x)
+        keep = scratch[: (n * vocab + 7) // 8 * 8]
         flat = _kept_indices(x, keep)
         row = flat // vocab
         col = flat - row * vocab
-        counts = torch.bincount(row, minlength=rows)
-        meta[r0: r0 + rows, 0] = counts.to(torch.int32)
+        counts = torch.bincount(row, minlength=n)
+        meta[r0: r0 + n, 0] = counts.to(torch.int32)
         pos = torch.arange(len(flat), device=flat.device) - (torch.cumsum(counts, 0)
                                                              - counts)[row]
         fits = pos < width
