@@ -53,6 +53,32 @@ def forward_body_field(params, value):
     return params
 
 
+def declare_openai_fields(module, request: str, choice: str, response: str) -> None:
+    """In an OpenAI protocol module, replace the request class `request` with a
+    subclass declaring the body field (forwarded by its `to_sampling_params`),
+    and the response classes `choice` / `response` with subclasses declaring
+    `sampling_mask` (the response too: pydantic serialises a list field by its
+    declared item type)."""
+    from vllm_sampling_mask.patches._wrap import wraps
+
+    Request = type(request, (getattr(module, request),),
+                   {"__annotations__": {MASK_ARG: BodyField}, MASK_ARG: body_field(),
+                    "__module__": module.__name__})
+    Choice = type(choice, (getattr(module, choice),),
+                  {"__annotations__": {"sampling_mask": MaskField}, "sampling_mask": None,
+                   "__module__": module.__name__})
+    Response = type(response, (getattr(module, response),),
+                    {"__annotations__": {"choices": list[Choice]},
+                     "__module__": module.__name__})
+    setattr(module, request, Request)
+    setattr(module, choice, Choice)
+    setattr(module, response, Response)
+
+    @wraps(module, f"{request}.to_sampling_params")
+    def to_sampling_params(wrapped, self, args, kwargs):
+        return forward_body_field(wrapped(*args, **kwargs), self.return_sampling_mask)
+
+
 def raise_mask_errors(completions) -> None:
     for completion in completions:
         if completion.sampling_mask_error is not None:

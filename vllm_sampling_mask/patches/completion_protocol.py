@@ -21,25 +21,9 @@ Remove when: upstream vLLM PR #49577 (sampling masks upstream, vLLM 0.28)
 
 from __future__ import annotations
 
-from vllm_sampling_mask.patches._http import (BodyField, MaskField, body_field,
-                                              forward_body_field)
-from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.patches._http import declare_openai_fields
 
 
 def apply(module) -> None:
-    class CompletionRequest(module.CompletionRequest):
-        return_sampling_mask: BodyField = body_field()
-
-    class CompletionResponseChoice(module.CompletionResponseChoice):
-        sampling_mask: MaskField = None
-
-    class CompletionResponse(module.CompletionResponse):
-        choices: list[CompletionResponseChoice]
-
-    module.CompletionRequest = CompletionRequest
-    module.CompletionResponseChoice = CompletionResponseChoice
-    module.CompletionResponse = CompletionResponse
-
-    @wraps(module, "CompletionRequest.to_sampling_params")
-    def to_sampling_params(wrapped, self, args, kwargs):
-        return forward_body_field(wrapped(*args, **kwargs), self.return_sampling_mask)
+    declare_openai_fields(module, "CompletionRequest", "CompletionResponseChoice",
+                          "CompletionResponse")
