@@ -482,13 +482,21 @@ def test_importance_ratio():
 
 
 def test_module_imports_only_torch_numpy_stdlib():
+    """The trainer's side needs no vLLM: torch, numpy, the stdlib, and of this package
+    only `sampling_mask` (numpy only)."""
     import ast
     import sys
     src = open(training.__file__).read()
-    roots = set()
+    roots, own = set(), set()
     for node in ast.walk(ast.parse(src)):
         if isinstance(node, ast.Import):
             roots |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             roots.add(node.module.split(".")[0])
-    assert roots <= {"torch", "numpy", "__future__"} | set(sys.stdlib_module_names), roots
+            if node.module.startswith("vllm_sampling_mask"):
+                own.add(node.module)
+    allowed = {"torch", "numpy", "__future__", "vllm_sampling_mask"}
+    assert roots <= allowed | set(sys.stdlib_module_names), roots
+    assert own <= {"vllm_sampling_mask.sampling_mask"}, own
+    mask_src = open(sys.modules["vllm_sampling_mask.sampling_mask"].__file__).read()
+    assert "import vllm" not in mask_src and "import torch" not in mask_src
