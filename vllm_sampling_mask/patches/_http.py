@@ -79,6 +79,25 @@ def declare_openai_fields(module, request: str, choice: str, response: str) -> N
         return forward_body_field(wrapped(*args, **kwargs), self.return_sampling_mask)
 
 
+async def create_with_masks(serving, wrapped, args, kwargs):
+    """The route's `create_*` entry: a mask error raised while the response was
+    built becomes an HTTP 400 carrying its message, and a stream of a request
+    that concerns masks (the engine flag on, or the body field set) starts only
+    once its first event is not an error."""
+    from vllm_sampling_mask.config import mask_enabled
+
+    request = arg(args, kwargs, 0, "request")
+    try:
+        result = await wrapped(*args, **kwargs)
+    except SamplingMaskGenerationError as exc:
+        return serving.create_error_response(exc)
+    if isinstance(result, AsyncIterator) and (
+            mask_enabled(serving.engine_client.vllm_config)
+            or request.return_sampling_mask is not None):
+        return await open_stream(result)
+    return result
+
+
 def raise_mask_errors(completions) -> None:
     for completion in completions:
         if completion.sampling_mask_error is not None:

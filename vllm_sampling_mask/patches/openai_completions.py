@@ -22,12 +22,9 @@ Remove when: upstream vLLM PR #49577 (sampling masks upstream, vLLM 0.28)
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
-
 from vllm_sampling_mask.config import mask_enabled
-from vllm_sampling_mask.patches._http import (SamplingMaskGenerationError, StreamMasks,
-                                              arg, mask_lists, open_stream,
-                                              raise_mask_errors, replace_arg)
+from vllm_sampling_mask.patches._http import (StreamMasks, arg, create_with_masks,
+                                              mask_lists, raise_mask_errors, replace_arg)
 from vllm_sampling_mask.patches._wrap import wraps
 
 
@@ -37,16 +34,7 @@ def apply(module) -> None:
 
     @wraps(module, "OpenAIServingCompletion.create_completion")
     async def create_completion(wrapped, self, args, kwargs):
-        request = arg(args, kwargs, 0, "request")
-        on = masks_on(self)
-        try:
-            result = await wrapped(*args, **kwargs)
-        except SamplingMaskGenerationError as exc:
-            return self.create_error_response(exc)
-        if isinstance(result, AsyncGenerator) and (
-                on or request.return_sampling_mask is not None):
-            return await open_stream(result)
-        return result
+        return await create_with_masks(self, wrapped, args, kwargs)
 
     @wraps(module, "OpenAIServingCompletion.request_output_to_completion_response")
     def request_output_to_completion_response(wrapped, self, args, kwargs):
