@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 
 import torch
 
@@ -40,6 +41,13 @@ PROMPTS = [
     "if __name__ == '__main__':\n",
     "    raise ValueError(",
 ]
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface, for a test's own server."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

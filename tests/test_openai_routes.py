@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 
@@ -20,6 +19,8 @@ import pytest
 import requests
 import torch
 
+from conftest import free_port
+
 from vllm_sampling_mask import DEMO_MODEL, SamplingMask
 from vllm_sampling_mask.demo import serving
 from vllm_sampling_mask.training import nucleus_logprobs, pack_masks
@@ -28,12 +29,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MESSAGES = [{"role": "user", "content": "Write a function that reverses a list."}]
 PROMPT = "import os\nimport "
 LIMIT = 128
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,10 @@ def test_every_patch_target_exists_and_every_patch_applies():
     for name, target in REGISTRY.items():
         importlib.import_module(target)
         importlib.import_module(f"vllm_sampling_mask.patches.{name}")
-    again = patching.apply_all()       # applying twice is a no-op
-    assert again == applied
+    # applying again is refused, patch by patch, and wraps nothing a second time
+    assert not any(patching.apply_patch(name) for name in REGISTRY)
+    from vllm.v1.worker.gpu.sample.sampler import Sampler
+    assert not hasattr(Sampler.sample.__wrapped__, "__wrapped__")
 
 
 def test_patches_are_live_in_a_plain_import_of_vllm():

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 import requests
+from conftest import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SET_BY_TESTS = ("TRITON_INTERPRET", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_CPU_KVCACHE_SPACE",
@@ -54,9 +54,7 @@ def test_readme_python_snippet_runs_as_printed(tmp_path):
 
 
 def test_readme_serve_and_curl_run_as_printed(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     serve = command("vllm serve") + f" --port {port}"
     log = open(tmp_path / "serve.log", "w")
     proc = subprocess.Popen(["bash", "-c", serve], cwd=tmp_path, env=clean_env(),

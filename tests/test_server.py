@@ -4,19 +4,14 @@ V1 runner natively."""
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 import requests
 
+from conftest import free_port
+
 from vllm_sampling_mask import DEMO_MODEL, SamplingMask
 from vllm_sampling_mask.demo import serving
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -71,15 +66,19 @@ def test_generate_returns_one_mask_per_token(server, tok):
 
 
 def test_stop_token_and_seed_over_http(server, tok):
+    """A seeded request replays; stopping on its 4th token cuts tokens and masks there."""
     ids = tok("import os\n", add_special_tokens=False)["input_ids"]
-    newline = tok("\n", add_special_tokens=False)["input_ids"][-1]
-    params = dict(temperature=1.0, top_k=30, max_tokens=40, seed=3, stop_token_ids=[newline])
+    params = dict(temperature=1.0, top_k=30, max_tokens=12, seed=3, ignore_eos=True)
     a, b = generate(server, ids, **params).json(), generate(server, ids, **params).json()
     ca, cb = a["choices"][0], b["choices"][0]
     assert ca["token_ids"] == cb["token_ids"] and ca["sampling_mask"] == cb["sampling_mask"]
-    assert len(ca["sampling_mask"]) == len(ca["token_ids"])
-    if ca["finish_reason"] == "stop":
-        assert ca["token_ids"][-1] == newline
+    assert len(ca["sampling_mask"]) == len(ca["token_ids"]) == 12
+    stop_id = ca["token_ids"][3]
+    cut = ca["token_ids"].index(stop_id) + 1
+    stopped = generate(server, ids, **params, stop_token_ids=[stop_id]).json()["choices"][0]
+    assert stopped["finish_reason"] == "stop"
+    assert stopped["token_ids"] == ca["token_ids"][:cut]
+    assert stopped["sampling_mask"] == ca["sampling_mask"][:cut]
 
 
 @pytest.mark.parametrize("stream", [False, True])
