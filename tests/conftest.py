@@ -103,6 +103,31 @@ def assert_supports_match_reference(outs, cases, model) -> int:
     return compared
 
 
+# The shared server's limits: a small --max-sampling-mask-size so that tests can
+# trip it, and room for a few concurrent sequences.
+SERVER_MAX_MASK_SIZE = 128
+SERVER_MAX_NUM_SEQS = 8
+
+
+@pytest.fixture(scope="session")
+def mask_server_log(tmp_path_factory):
+    return tmp_path_factory.mktemp("serve") / "vllm-serve.log"
+
+
+@pytest.fixture(scope="session")
+def mask_server(mask_server_log):
+    """One real `vllm serve` (the stock CLI, patched by the site hook) on the V1
+    runner natively, shared by every HTTP test module: its base URL. Its state
+    route (`VLLM_SAMPLING_MASK_DEBUG_STATE=1`) lets tests check that no
+    per-request state is left behind."""
+    from vllm_sampling_mask.demo import serving
+    extra = ["--max-num-seqs", str(SERVER_MAX_NUM_SEQS),
+             "--max-sampling-mask-size", str(SERVER_MAX_MASK_SIZE)]
+    with serving(free_port(), str(mask_server_log), extra=extra, runner="v1",
+                 env={"VLLM_SAMPLING_MASK_DEBUG_STATE": "1"}) as base:
+        yield base
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from transformers import AutoTokenizer

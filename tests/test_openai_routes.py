@@ -1,5 +1,6 @@
 """`/v1/completions` and `/v1/chat/completions` with sampling masks, through the
-official `openai` client, against one real `vllm serve` (the stock CLI, patched by
+official `openai` client, against the shared real `vllm serve` (conftest's
+`mask_server`) (the stock CLI, patched by
 the site hook) on the V1 runner natively: demo model (its chat template is
 `demo_model/chat_template.jinja`), mask on, `--max-sampling-mask-size 128` so the
 size limit can trip. The generate endpoint's own tests are in test_server.py.
@@ -19,24 +20,20 @@ import pytest
 import requests
 import torch
 
-from conftest import free_port
+from conftest import SERVER_MAX_MASK_SIZE
 
 from vllm_sampling_mask import DEMO_MODEL, SamplingMask
-from vllm_sampling_mask.demo import serving
 from vllm_sampling_mask.training import nucleus_logprobs, pack_masks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MESSAGES = [{"role": "user", "content": "Write a function that reverses a list."}]
 PROMPT = "import os\nimport "
-LIMIT = 128
+LIMIT = SERVER_MAX_MASK_SIZE
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    log = tmp_path_factory.mktemp("serve") / "vllm-serve.log"
-    extra = ["--max-num-seqs", "8", "--max-sampling-mask-size", str(LIMIT)]
-    with serving(free_port(), str(log), extra=extra, runner="v1") as base:
-        yield base
+def server(mask_server):
+    return mask_server
 
 
 @pytest.fixture(scope="module")

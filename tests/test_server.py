@@ -1,5 +1,5 @@
-"""A real `vllm serve` process (the stock CLI, patched by the site hook), on the
-V1 runner natively."""
+"""`/inference/v1/generate` against the shared real `vllm serve` (conftest's
+`mask_server`: the stock CLI, patched by the site hook, on the V1 runner natively)."""
 
 from __future__ import annotations
 
@@ -8,23 +8,12 @@ import json
 import pytest
 import requests
 
-from conftest import free_port
-
 from vllm_sampling_mask import DEMO_MODEL, SamplingMask
-from vllm_sampling_mask.demo import serving
 
 
 @pytest.fixture(scope="module")
-def server_log(tmp_path_factory):
-    return tmp_path_factory.mktemp("serve") / "vllm-serve.log"
-
-
-@pytest.fixture(scope="module")
-def server(server_log):
-    log = server_log
-    extra = ["--max-num-seqs", "8", "--max-sampling-mask-size", "128"]
-    with serving(free_port(), str(log), extra=extra, runner="v1") as base:
-        yield base
+def server(mask_server):
+    return mask_server
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +31,8 @@ def assert_healthy(base):
     assert requests.get(base + "/health", timeout=30).status_code == 200
 
 
-def test_start_up_logs_that_masks_are_on_and_the_runner(server, server_log):
-    text = server_log.read_text()
+def test_start_up_logs_that_masks_are_on_and_the_runner(server, mask_server_log):
+    text = mask_server_log.read_text()
     line = next(l for l in text.splitlines() if "Sampling masks on" in l)
     assert "V1 model runner" in line
     assert "TRITON_INTERPRET" not in text

@@ -78,11 +78,14 @@ def post_json(url: str, body: dict, timeout: float = 600) -> tuple[int, dict]:
 
 
 @contextlib.contextmanager
-def serving(port: int, log_path: str, extra=(), runner: str | None = None):
-    """Run `vllm serve` on the demo model (mask on) until the block exits; yields its URL."""
+def serving(port: int, log_path: str, extra=(), runner: str | None = None, env=None):
+    """Run `vllm serve` on the demo model (mask on) until the block exits; yields its URL.
+
+    `env`: variables to set in the server's environment on top of `server_env`."""
     base = f"http://127.0.0.1:{port}"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(server_command(port, extra=extra), env=server_env(runner),
+        proc = subprocess.Popen(server_command(port, extra=extra),
+                                env={**server_env(runner), **(env or {})},
                                 stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_healthy(base, proc)
