@@ -16,6 +16,7 @@ from vllm_sampling_mask.training import (
     mask_to_tensors,
     nucleus_logprobs,
     nucleus_logprobs_from_hidden,
+    ratio_statistics,
 )
 
 
@@ -479,6 +480,52 @@ def test_importance_ratio():
         importance_ratio(new, old, clip=-0.1)
     with pytest.raises(ValueError, match="clip low"):
         importance_ratio(new, old, clip=(2.0, 1.0))
+
+
+def test_ratio_statistics_against_hand_computation():
+    # ratios 1, 2, 1/2, 1.05 (old logprobs not all zero: only the difference counts)
+    old = np.array([-0.3, -1.0, -2.0, -0.7])
+    log_r = np.array([0.0, math.log(2.0), math.log(0.5), math.log(1.05)])
+    new = torch.tensor(old + log_r, requires_grad=True)          # a trainer tensor
+    st = ratio_statistics(new, old.tolist(), support_sizes=[1, 3, 1, 10])
+    assert st["tokens"] == 4 and isinstance(st["tokens"], int)
+    assert all(type(v) is float for k, v in st.items() if k != "tokens")
+    # k3 = r - 1 - log r: 0, 1 - ln 2, ln 2 - 1/2, 0.05 - ln 1.05
+    assert st["mismatch_kl"] == pytest.approx((0.5 + 0.05 - math.log(1.05)) / 4, rel=1e-12)
+    assert st["ratio_mean"] == pytest.approx((1 + 2 + 0.5 + 1.05) / 4, rel=1e-12)
+    # sorted ratios 0.5, 1, 1.05, 2: p1 at rank 0.03, p99 at rank 2.97
+    assert st["ratio_p1"] == pytest.approx(0.5 + 0.03 * 0.5, rel=1e-12)
+    assert st["ratio_p99"] == pytest.approx(1.05 + 0.97 * 0.95, rel=1e-12)
+    assert st["out_of_band"] == 0.5                               # 2 and 0.5
+    assert st["support_mean"] == 3.75
+    assert st["support_median"] == 2.0                           # 1, 1, 3, 10
+    assert st["support_p99"] == pytest.approx(3 + 0.97 * 7, rel=1e-12)
+    assert st["singleton_share"] == 0.5
+    # the band is closed, and only exact ratios of 1 lie in [1, 1]
+    assert ratio_statistics(new, old, band=(1.0, 1.0))["out_of_band"] == 0.75
+    assert ratio_statistics(new, old, band=(0.4, 2.1))["out_of_band"] == 0.0
+    # without sizes, no support keys; equal inputs give KL 0 and ratio 1
+    same = ratio_statistics(np.array(old, dtype=np.float32), torch.tensor(old, dtype=torch.float32))
+    assert "support_mean" not in same
+    assert same["mismatch_kl"] == 0.0 and same["ratio_mean"] == 1.0
+    assert same["ratio_p1"] == same["ratio_p99"] == 1.0 and same["out_of_band"] == 0.0
+
+
+@pytest.mark.parametrize("args, kwargs, match", [
+    (([0.0, 1.0], [0.0]), {}, "2 entries but old_logprobs has 1"),
+    (([], []), {}, "at least one token"),
+    (([[0.0]], [[0.0]]), {}, "1-D"),
+    (([0.0, math.nan], [0.0, 0.0]), {}, r"new_logprobs\[1\]=nan is not finite"),
+    (([0.0, 0.0], [0.0, -math.inf]), {}, r"old_logprobs\[1\]"),
+    (([0.0, 0.0], [0.0, 0.0]), {"support_sizes": [1]}, "support_sizes has 1 entries"),
+    (([0.0, 0.0], [0.0, 0.0]), {"support_sizes": [1, 0]}, r"support_sizes\[1\]=0"),
+    (([0.0, 0.0], [0.0, 0.0]), {"support_sizes": [1.5, 2]}, "integers"),
+    (([0.0, 0.0], [0.0, 0.0]), {"band": (1.1, 0.9)}, "band low"),
+    ((["a"], [0.0]), {}, "new_logprobs must be"),
+])
+def test_ratio_statistics_rejects_bad_input(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ratio_statistics(*args, **kwargs)
 
 
 def test_module_imports_only_torch_numpy_stdlib():

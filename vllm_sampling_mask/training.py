@@ -72,6 +72,11 @@ Entry points
     ``exp(new - old)`` with the old log-probabilities treated as constants,
     optionally clamped.
 
+``ratio_statistics(new_logprobs, old_logprobs, support_sizes=None, band=(0.9, 1.1))``
+    Summary of the trainer/engine mismatch as a plain dict of Python numbers
+    (k3 KL estimate, ratio mean and percentiles, share outside a band,
+    support-size figures): for logs and replay checks, no gradient.
+
 Precision: everything is computed in float32 (float64 when an input is
 float64), whatever the input dtype; the result is float32 (float64 for float64
 inputs).  Gradients are accumulated in that precision and cast once to the
@@ -130,6 +135,7 @@ __all__ = [
     "nucleus_logprobs",
     "nucleus_logprobs_from_hidden",
     "pack_masks",
+    "ratio_statistics",
 ]
 
 
@@ -800,3 +806,101 @@ def importance_ratio(new_logprobs: torch.Tensor, old_logprobs,
     if low is None and high is None:
         return ratio
     return torch.clamp(ratio, min=low, max=high)
+
+
+def _stat_vector(x, name: str) -> np.ndarray:
+    """A 1-D float64 numpy copy of a tensor / array-like of logprobs."""
+    try:
+        if isinstance(x, torch.Tensor):
+            arr = x.detach().to(device="cpu", dtype=torch.float64).numpy()
+        else:
+            arr = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"{name} must be a 1-D tensor or array of floats") from exc
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D [T] (got shape {tuple(arr.shape)})")
+    return arr
+
+
+def ratio_statistics(new_logprobs, old_logprobs, support_sizes=None,
+                     band: tuple[float, float] = (0.9, 1.1)) -> dict:
+    """How far the trainer's log-probabilities are from the engine's, as plain numbers.
+
+    ``new_logprobs`` (the trainer's) and ``old_logprobs`` (the engine's, recorded
+    at sampling time) are ``[T]`` tensors or array-likes of the sampled tokens'
+    log-probabilities; ``support_sizes`` an optional ``[T]`` of support sizes
+    (``SamplingMask.sizes``).  With ``log_r = new - old`` and ``r = exp(log_r)``
+    the result (a ``dict`` of Python ``float`` / ``int``, computed in float64,
+    no gradient) has:
+
+    * ``tokens``: T;
+    * ``mismatch_kl``: mean over tokens of the k3 estimator
+      ``exp(log_r) - 1 - log_r`` (>= 0; 0 exactly when every ratio is 1);
+    * ``ratio_mean``, ``ratio_p1``, ``ratio_p99``: mean and 1st / 99th
+      percentiles of ``r`` (linear interpolation, numpy's default);
+    * ``out_of_band``: share of tokens with ``r`` outside ``[band[0], band[1]]``;
+    * with ``support_sizes``: ``support_mean``, ``support_median``,
+      ``support_p99`` (linear interpolation) and ``singleton_share`` (share of
+      supports with one id: tokens the engine had no choice about).
+
+    Raises ``ValueError`` on inputs that are not 1-D, of different lengths,
+    empty, not finite (naming the first bad position), on support sizes that
+    are not integers >= 1, and on a band with ``band[0] > band[1]``.
+    """
+    new = _stat_vector(new_logprobs, "new_logprobs")
+    old = _stat_vector(old_logprobs, "old_logprobs")
+    if new.shape != old.shape:
+        raise ValueError(f"new_logprobs has {new.shape[0]} entries but old_logprobs has "
+                         f"{old.shape[0]}")
+    T = new.shape[0]
+    if T < 1:
+        raise ValueError("ratio_statistics needs at least one token (got T=0)")
+    for name, arr in (("new_logprobs", new), ("old_logprobs", old)):
+        bad = np.flatnonzero(~np.isfinite(arr))
+        if bad.size:
+            raise ValueError(f"{name}[{bad[0]}]={arr[bad[0]]} is not finite")
+    try:
+        low, high = (float(b) for b in band)
+    except (TypeError, ValueError) as exc:
+        raise ValueError("band must be a pair (low, high) of floats") from exc
+    if not low <= high:
+        raise ValueError(f"band low {low} is above band high {high}")
+    log_r = new - old
+    ratio = np.exp(log_r)
+    k3 = np.expm1(log_r) - log_r
+    p1, p99 = np.percentile(ratio, [1.0, 99.0])
+    out = {
+        "tokens": int(T),
+        "mismatch_kl": float(k3.mean()),
+        "ratio_mean": float(ratio.mean()),
+        "ratio_p1": float(p1),
+        "ratio_p99": float(p99),
+        "out_of_band": float(np.mean((ratio < low) | (ratio > high))),
+    }
+    if support_sizes is not None:
+        if isinstance(support_sizes, torch.Tensor):
+            sizes = support_sizes.detach().cpu().numpy()
+        else:
+            sizes = np.asarray(support_sizes)
+        if sizes.ndim != 1:
+            raise ValueError(f"support_sizes must be 1-D [T] (got shape {tuple(sizes.shape)})")
+        if sizes.shape[0] != T:
+            raise ValueError(f"support_sizes has {sizes.shape[0]} entries but there are "
+                             f"{T} tokens")
+        if not (np.issubdtype(sizes.dtype, np.integer)
+                or (np.issubdtype(sizes.dtype, np.floating)
+                    and np.all(np.isfinite(sizes)) and np.all(sizes == np.round(sizes)))):
+            raise ValueError(f"support_sizes must be integers (got dtype {sizes.dtype})")
+        sizes = sizes.astype(np.int64)
+        bad = np.flatnonzero(sizes < 1)
+        if bad.size:
+            raise ValueError(f"support_sizes[{bad[0]}]={sizes[bad[0]]}: a support has at "
+                             "least one id")
+        median, sp99 = np.percentile(sizes.astype(np.float64), [50.0, 99.0])
+        out.update({
+            "support_mean": float(sizes.mean()),
+            "support_median": float(median),
+            "support_p99": float(sp99),
+            "singleton_share": float(np.mean(sizes == 1)),
+        })
+    return out
