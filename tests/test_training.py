@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import vllm_sampling_mask.training as training
+import vllm_sampling_mask.training.hidden as training_hidden
 from vllm_sampling_mask.sampling_mask import SamplingMask
 from vllm_sampling_mask.training import (
     full_logprobs,
@@ -65,7 +66,7 @@ def dense_reference(logits, tok, rows, temperature=1.0):
 
 @pytest.fixture(params=["sparse", "gather"])
 def kernel(request, monkeypatch):
-    monkeypatch.setattr(training, "_SDDMM_KERNEL", request.param)
+    monkeypatch.setattr(training_hidden, "_SDDMM_KERNEL", request.param)
     return request.param
 
 
@@ -530,20 +531,84 @@ def test_ratio_statistics_rejects_bad_input(args, kwargs, match):
 
 def test_module_imports_only_torch_numpy_stdlib():
     """The trainer's side needs no vLLM: torch, numpy, the stdlib, and of this package
-    only `sampling_mask` (numpy only)."""
+    only `sampling_mask` (numpy only) and the training package's own modules."""
     import ast
+    import pathlib
     import sys
-    src = open(training.__file__).read()
-    roots, own = set(), set()
-    for node in ast.walk(ast.parse(src)):
-        if isinstance(node, ast.Import):
-            roots |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            roots.add(node.module.split(".")[0])
-            if node.module.startswith("vllm_sampling_mask"):
-                own.add(node.module)
+    files = sorted(pathlib.Path(training.__file__).parent.glob("*.py"))
+    assert {f.stem for f in files} >= {"__init__", "inputs", "segments", "logits", "hidden",
+                                       "ratio"}
+    roots, own, relative = set(), set(), set()
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                roots |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                roots.add(node.module.split(".")[0])
+                if node.module.startswith("vllm_sampling_mask"):
+                    own.add(node.module)
+            elif isinstance(node, ast.ImportFrom):
+                relative.add((node.level, node.module))
     allowed = {"torch", "numpy", "__future__", "vllm_sampling_mask"}
     assert roots <= allowed | set(sys.stdlib_module_names), roots
     assert own <= {"vllm_sampling_mask.sampling_mask"}, own
+    # relative imports stay inside the package (`from .x import ...`)
+    assert all(level == 1 for level, _ in relative), relative
+    assert {m for _, m in relative} <= {f.stem for f in files}, relative
     mask_src = open(sys.modules["vllm_sampling_mask.sampling_mask"].__file__).read()
     assert "import vllm" not in mask_src and "import torch" not in mask_src
+
+
+def test_package_exports_the_public_names():
+    """The package keeps training.py's API: every name in __all__ importable from
+    `vllm_sampling_mask.training`, and the same objects as in the modules."""
+    from vllm_sampling_mask.training import hidden, inputs, logits, ratio
+    assert sorted(training.__all__) == [
+        "full_logprobs", "importance_ratio", "mask_to_tensors", "nucleus_logprobs",
+        "nucleus_logprobs_from_hidden", "pack_masks", "ratio_statistics"]
+    assert all(callable(getattr(training, name)) for name in training.__all__)
+    assert training.nucleus_logprobs is logits.nucleus_logprobs
+    assert training.nucleus_logprobs_from_hidden is hidden.nucleus_logprobs_from_hidden
+    assert training.pack_masks is inputs.pack_masks
+    assert training.ratio_statistics is ratio.ratio_statistics
+
+
+@pytest.mark.parametrize("chunk", [1000, 7])
+def test_pair_layout_is_consistent(chunk):
+    """The hidden op's index layout: id-major order sorted by id with CSR row
+    pointers, every pair present once, the sampled pairs flagged, and the
+    token-major order a permutation of the same pairs grouped by (block, token)."""
+    from vllm_sampling_mask.training.hidden import PairLayout, build_layout
+    from vllm_sampling_mask.training.segments import segment_ids
+    _, tok, rows = random_case(T=9, V=31, max_size=5, seed=3)
+    ids, offsets = mask_to_tensors(SamplingMask.from_lists(rows))
+    T, V, N = 9, 31, ids.numel()
+    L = build_layout(ids, offsets, segment_ids(offsets, T, N), tok, T, V, chunk)
+    assert isinstance(L, PairLayout)
+    im, tm, blocks = L.id_major, L.token_major, L.blocks
+    n = N + T
+    assert blocks.count == -(-V // chunk) and blocks.pair_bounds[-1] == n
+    pairs = sorted([(t, v) for t, r in enumerate(rows) for v in r]
+                   + [(t, int(tok[t])) for t in range(T)])
+    got = sorted(zip(im.tokens.tolist(), im.vocab_ids.tolist()))
+    assert got == pairs
+    assert im.vocab_ids.tolist() == sorted(im.vocab_ids.tolist())
+    for v in range(V):
+        lo, hi = im.row_ptr[v].item(), im.row_ptr[v + 1].item()
+        assert set(im.vocab_ids[lo:hi].tolist()) <= {v}
+    assert im.is_target.sum().item() == T
+    assert im.tokens[im.target_pos].tolist() == list(range(T))
+    assert im.vocab_ids[im.target_pos].tolist() == tok.tolist()
+    # token-major: the same pairs, found through id_major_pos
+    assert sorted(tm.id_major_pos.tolist()) == list(range(n))
+    assert tm.vocab_ids.tolist() == im.vocab_ids[tm.id_major_pos].tolist()
+    for blk in blocks.each():
+        p0, p1 = blk.pair_start, blk.pair_end
+        seg_vocab = im.vocab_ids[p0:p1]
+        assert ((seg_vocab >= blk.vocab_start)
+                & (seg_vocab < blk.vocab_start + blk.vocab_rows)).all()
+        ptr = tm.row_ptr[blk.index]
+        assert ptr[0].item() == 0 and ptr[-1].item() == p1 - p0
+        toks = im.tokens[tm.id_major_pos[p0:p1]]
+        for t in range(T):
+            assert (toks[ptr[t]:ptr[t + 1]] == t).all()
