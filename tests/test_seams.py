@@ -250,6 +250,49 @@ SOURCE_USES = {
 }
 
 
+# The state route (only with VLLM_SAMPLING_MASK_DEBUG_STATE=1): `build_app`, the app's
+# engine client, its output processor and engine-core client, the utility call by
+# name, and the per-request containers it counts in the engine core and the workers.
+API = "vllm.entrypoints.openai.api_server"
+FUNCTIONS["debug_state"] = [
+    (API, "build_app", ["args", "supported_tasks", "model_config"]),
+    ("vllm.v1.engine.core_client", "AsyncMPClient.call_utility_async",
+     ["self", "method", "args"]),
+]
+FUNCTIONS["debug_state_core"] = [
+    ("vllm.v1.engine.core", "EngineCore.collective_rpc",
+     ["self", "method", "timeout", "args", "kwargs"]),
+]
+NAMES["debug_state_core"] = [("vllm.v1.engine.core", "EngineCore")]
+SOURCE_USES["debug_state"] = [
+    (API, "init_app_state", ["state.engine_client = engine_client"]),
+    ("vllm.v1.engine.async_llm", "AsyncLLM.__init__",
+     ["self.output_processor = ", "self.engine_core = "]),
+    ("vllm.v1.engine.output_processor", "OutputProcessor.__init__",
+     ["self.request_states", "self.parent_requests"]),
+]
+SOURCE_USES["debug_state_core"] = [
+    ("vllm.v1.engine.core", "EngineCoreProc._handle_client_request",
+     ["getattr(self, method_name)"]),
+    ("vllm.v1.core.sched.scheduler", "Scheduler.__init__",
+     ["self.requests:", "self.waiting =", "self.skipped_waiting =", "self.running:",
+      "self.finished_req_ids:", "self.kv_cache_manager = "]),
+    ("vllm.v1.core.kv_cache_manager", "KVCacheManager.__init__",
+     ["self.coordinator = ", "self.block_pool = "]),
+    ("vllm.v1.core.kv_cache_coordinator", "KVCacheCoordinator.__init__",
+     ["self.single_type_managers = "]),
+    ("vllm.v1.core.single_type_kv_cache_manager", "SingleTypeKVCacheManager.__init__",
+     ["self.req_to_blocks:", "self.num_cached_block:"]),
+    ("vllm.v1.core.block_pool", "BlockPool.__init__",
+     ["self.num_gpu_blocks = ", "self.null_block = "]),
+    ("vllm.v1.core.block_pool", "BlockPool.get_num_free_blocks", ["free_block_queue"]),
+    ("vllm.v1.worker.cpu_worker", "CPUWorker.init_device", ["self.model_runner"]),
+    ("vllm.v1.worker.gpu_worker", "Worker.init_device", ["self.model_runner"]),
+    (V1, "GPUModelRunner.__init__", ["self.requests:", "self.input_batch = "]),
+    (f"{GPU}.model_runner", "GPUModelRunner.__init__", ["self.req_states = "]),
+]
+
+
 def _resolve(module: str, dotted: str):
     obj = importlib.import_module(module)
     for part in dotted.split("."):

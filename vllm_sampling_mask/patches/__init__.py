@@ -41,4 +41,8 @@ REGISTRY: dict[str, str] = {
     "openai_completions": "vllm.entrypoints.openai.completion.serving",
     "chat_protocol": "vllm.entrypoints.openai.chat_completion.protocol",
     "openai_chat": "vllm.entrypoints.openai.chat_completion.serving",
+    # Diagnostics, only with VLLM_SAMPLING_MASK_DEBUG_STATE=1: the per-request state
+    # route of the API server, and the engine core's half of it.
+    "debug_state": "vllm.entrypoints.openai.api_server",
+    "debug_state_core": "vllm.v1.engine.core",
 }

@@ -1,0 +1,90 @@
+"""The engine core's half of the state route (`debug_state`): per-request counts.
+
+What: in `vllm/v1/engine/core.py`, only when `VLLM_SAMPLING_MASK_DEBUG_STATE=1`
+    is set in the engine-core process's environment (it inherits the server's),
+    sets a new method `EngineCore.sampling_mask_debug_state()` (a new name, no
+    upstream function is replaced or wrapped). The API server reaches it as a
+    utility call (`call_utility_async("sampling_mask_debug_state")`, which
+    upstream dispatches by name, as for `is_sleeping`). It returns plain counts:
+    the scheduler's `requests`, `running`, `waiting`, `skipped_waiting` and
+    `finished_req_ids` (finished, not yet sent to the workers), the KV cache
+    manager's per-request block tables (`req_to_blocks`, `num_cached_block` of
+    every group) and its blocks in use, and, through `collective_rpc` with
+    `worker_state` (a module-level function, pickled by reference to the
+    worker process), each worker's runner: V1 `requests`, `input_batch.num_reqs`
+    and the declared `pending_sampling_mask`; MRv2 `req_states.num_reqs` and the
+    sampler's declared `_pending_sampling_mask`. The fork's scheduler patch keeps
+    no per-request state of its own (it slices each step's masks in place), so
+    there is nothing of the fork's to count there. Without the variable nothing
+    changes and the method does not exist.
+Why: a soak test (`scripts/soak.py`, `tests/test_soak.py`) must see that
+    finished and aborted requests leave nothing behind in the engine-core and
+    worker processes, which a client cannot otherwise observe.
+Remove when: keep: a test/diagnostic aid; upstream has no per-request state
+    endpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+ENV = "VLLM_SAMPLING_MASK_DEBUG_STATE"
+METHOD = "sampling_mask_debug_state"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "") in ("1", "true", "True")
+
+
+def worker_state(worker) -> dict:
+    """Per-request state of one worker's model runner (runs in the worker)."""
+    runner = worker.model_runner
+    mrv2 = sys.modules.get("vllm.v1.worker.gpu.model_runner")
+    v1 = sys.modules.get("vllm.v1.worker.gpu_model_runner")
+    if mrv2 is not None and isinstance(runner, mrv2.GPUModelRunner):
+        return {"runner": "mrv2",
+                "requests": runner.req_states.num_reqs,
+                "pending_sampling_mask": int(runner.sampler._pending_sampling_mask
+                                             is not None)}
+    if v1 is not None and isinstance(runner, v1.GPUModelRunner):
+        return {"runner": "v1",
+                "requests": len(runner.requests),
+                "input_batch_requests": runner.input_batch.num_reqs,
+                "pending_sampling_mask": int(runner.pending_sampling_mask is not None)}
+    return {"runner": type(runner).__name__}
+
+
+def engine_state(core) -> dict:
+    """Per-request state of an `EngineCore` (runs in the engine-core process,
+    between steps)."""
+    sched = core.scheduler
+    kv = sched.kv_cache_manager
+    managers = kv.coordinator.single_type_managers
+    pool = kv.block_pool
+    return {
+        "scheduler": {
+            "requests": len(sched.requests),
+            "running": len(sched.running),
+            "waiting": len(sched.waiting),
+            "skipped_waiting": len(sched.skipped_waiting),
+            "finished_req_ids": len(sched.finished_req_ids),
+        },
+        "kv_cache": {
+            "req_to_blocks": sum(len(m.req_to_blocks) for m in managers),
+            "num_cached_block": sum(len(m.num_cached_block) for m in managers),
+            # the null block is never free and never a request's
+            "blocks_in_use": pool.num_gpu_blocks - 1 - pool.get_num_free_blocks(),
+        },
+        "workers": core.collective_rpc(worker_state),
+    }
+
+
+def apply(module) -> None:
+    if not enabled():
+        return
+
+    def sampling_mask_debug_state(self) -> dict:
+        return engine_state(self)
+
+    module.EngineCore.sampling_mask_debug_state = sampling_mask_debug_state
