@@ -26,12 +26,17 @@ import urllib.request
 from vllm_sampling_mask import DEMO_MODEL
 
 
-def server_command(port: int, model: str = DEMO_MODEL, extra=()) -> list[str]:
+def server_command(port: int, model: str = DEMO_MODEL, extra=(), mask: bool = True
+                   ) -> list[str]:
+    """The `vllm serve` command line; `mask=False` leaves out `--return-sampling-mask`
+    only (the same `--logprobs-mode processed_logprobs`, so the two differ in the
+    mask alone)."""
     exe = os.path.join(os.path.dirname(sys.executable), "vllm")
     return [exe, "serve", model, "--port", str(port), "--host", "127.0.0.1",
             "--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
             "--kv-cache-memory-bytes", "1G",
-            "--return-sampling-mask", "--logprobs-mode", "processed_logprobs", *extra]
+            *(["--return-sampling-mask"] if mask else []),
+            "--logprobs-mode", "processed_logprobs", *extra]
 
 
 def server_env(runner: str | None = None) -> dict[str, str]:
@@ -78,13 +83,15 @@ def post_json(url: str, body: dict, timeout: float = 600) -> tuple[int, dict]:
 
 
 @contextlib.contextmanager
-def serving(port: int, log_path: str, extra=(), runner: str | None = None, env=None):
+def serving(port: int, log_path: str, extra=(), runner: str | None = None, env=None,
+            mask: bool = True):
     """Run `vllm serve` on the demo model (mask on) until the block exits; yields its URL.
 
-    `env`: variables to set in the server's environment on top of `server_env`."""
+    `env`: variables to set in the server's environment on top of `server_env`;
+    `mask=False`: the same server without `--return-sampling-mask`."""
     base = f"http://127.0.0.1:{port}"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(server_command(port, extra=extra),
+        proc = subprocess.Popen(server_command(port, extra=extra, mask=mask),
                                 env={**server_env(runner), **(env or {})},
                                 stdout=log, stderr=subprocess.STDOUT)
         try:
