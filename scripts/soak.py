@@ -182,6 +182,7 @@ class Stats:
     error_events: int = 0          # error events inside a 200 stream (4xx codes)
     connection_errors: int = 0
     mask_violations: int = 0
+    missing_choices: int = 0       # a completed response with fewer than n choices
     tokens: int = 0
     masked_tokens: int = 0
     by_route: dict = field(default_factory=lambda: {r: 0 for r in ROUTES})
@@ -256,6 +257,10 @@ def _record(stats: Stats, plan: Plan, choices: dict, mask_server: bool, vocab: i
     """A completed request: check each choice, count tokens, keep the latency."""
     stats.completed += 1
     stats.latencies.append(latency)
+    n = plan.body.get("n", plan.body.get("sampling_params", {}).get("n", 1))
+    if sorted(choices) != list(range(n)):
+        stats.missing_choices += 1
+        stats.note("choices", plan, f"choices {sorted(choices)} for n = {n}")
     for index, (tokens, mask) in choices.items():
         stats.tokens += len(tokens)
         if mask is not None:
@@ -272,9 +277,6 @@ async def _full(session, base, plan: Plan, stats: Stats, mask_server, vocab, sta
             return
     data = json.loads(text)
     choices = {c["index"]: _tokens_and_mask(plan.route, c) for c in data["choices"]}
-    if len(choices) != plan.body.get("n", plan.body.get("sampling_params", {}).get("n", 1)):
-        stats.mask_violations += 1
-        stats.note("choices", plan, f"{len(choices)} choices")
     _record(stats, plan, choices, mask_server, vocab, time.perf_counter() - start)
 
 
@@ -440,6 +442,7 @@ async def run_phase(base: str, *, duration: float, clients: int, mask_server: bo
                     f"{stats.completed}  aborted {stats.aborted}  4xx {stats.status_4xx}"
                     f"+{stats.error_events}ev  5xx {stats.status_5xx}  conn "
                     f"{stats.connection_errors}  violations {stats.mask_violations}  "
+                    f"missing choices {stats.missing_choices}  "
                     f"tokens {stats.tokens}" + (f"  rss {rss / 2**20:.0f} MiB"
                                                 if measure_rss and rss else ""))
         load_s = time.perf_counter() - t0
@@ -506,7 +509,8 @@ ROWS = [("requests", "requests"), ("completed", "completed"), ("aborted", "abort
         ("  at the stop", "aborted_at_stop"),
         ("4xx (+ error events)", None), ("unexpected 4xx", "unexpected_4xx"),
         ("5xx (goal 0)", "status_5xx"), ("connection errors", "connection_errors"),
-        ("mask violations (goal 0)", "mask_violations"), ("tokens", "tokens"),
+        ("mask violations (goal 0)", "mask_violations"),
+        ("responses missing choices (goal 0)", "missing_choices"), ("tokens", "tokens"),
         ("masked tokens", "masked_tokens"), ("requests/s", "requests_per_s"),
         ("tokens/s", "tokens_per_s"), ("latency p50 (s)", "latency_p50_s"),
         ("latency p99 (s)", "latency_p99_s"), ("first chunk p50 (s)", "first_chunk_p50_s"),
@@ -545,6 +549,7 @@ def goals_met(report: dict) -> bool:
     rss_ok = report["rss_growth_pct"] is None or report["rss_growth_pct"] < 5
     return (report["status_5xx"] == 0 and report["mask_violations"] == 0
             and report["connection_errors"] == 0 and report["unexpected_4xx"] == 0
+            and report["missing_choices"] == 0
             and state_ok and rss_ok)
 
 

@@ -40,11 +40,14 @@ def report(mask_server):
     return asyncio.run(soak.run_phase(
         mask_server, duration=DURATION, clients=CLIENTS, mask_server=True, seed=11,
         abort_rate=0.25, mask_limit=SERVER_MAX_MASK_SIZE, progress=5.0,
-        measure_rss=False, settle_timeout=20.0, grace=30.0))
+        measure_rss=False, settle_timeout=20.0))   # the stop disconnects every client
 
 
 def test_the_load_ran_and_exercised_every_path(report):
     assert report["completed"] > 0 and report["aborted"] > 0
+    # clients went away mid-stream, mid-request, and all at once at the stop
+    assert report["aborted_streamed"] > 0 and report["aborted_full"] > 0
+    assert report["aborted_at_stop"] > 0
     assert all(n > 0 for n in report["by_route"].values()), report["by_route"]
     assert report["tokens"] > 0 and report["masked_tokens"] > 0
     # the route counted requests while they were in flight: it is not trivially zero
@@ -61,6 +64,7 @@ def test_no_5xx_no_broken_connections_no_unexpected_4xx(report):
 
 def test_every_completed_choice_has_a_valid_mask(report):
     assert report["mask_violations"] == 0, report["examples"]
+    assert report["missing_choices"] == 0, report["examples"]   # n = 2: both choices
 
 
 def test_no_per_request_state_is_left_behind(report):
