@@ -311,6 +311,34 @@ def _cases(table):
             for patch, rows in table.items() for row in rows]
 
 
+# The token-id checks: the three InputProcessor methods they wrap, and what they read
+# (the rendered prompt's type and ids, the model's vocabulary, the sampling parameters'
+# fields, the tokenizer's encoding of bad_words, which process_inputs makes).
+IP = "vllm.v1.engine.input_processor"
+FUNCTIONS["token_id_validation"] = [
+    (IP, "InputProcessor._validate_params", ["self", "params", "supported_tasks"]),
+    (IP, "InputProcessor._validate_model_input", ["self", "prompt_input", "prompt_type"]),
+    (IP, "InputProcessor.process_inputs",
+     ["self", "request_id", "prompt", "params", "supported_tasks", "arrival_time",
+      "lora_request", "tokenization_kwargs", "trace_headers", "priority",
+      "data_parallel_rank", "resumable"]),
+]
+NAMES["token_id_validation"] = [
+    ("vllm.config.model", "ModelConfig.get_vocab_size"),
+    ("vllm.sampling_params", "SamplingParams.bad_words_token_ids"),
+    ("vllm.sampling_params", "SamplingParams.__struct_fields__"),
+]
+SOURCE_USES["token_id_validation"] = [
+    (IP, "InputProcessor._validate_model_input",
+     ['prompt_input["type"] == "embeds"', 'prompt_input["prompt_token_ids"]']),
+    (IP, "InputProcessor.process_inputs",
+     ["self._validate_params(params", "self._validate_model_inputs(",
+      "sampling_params.update_from_tokenizer("]),
+    # a plain ValueError raised under this frame is named as structured_outputs'
+    ("vllm.sampling_params", "SamplingParams.verify", ["self._validate_structured_outputs("]),
+]
+
+
 def test_every_patch_has_a_contract():
     covered = set(FUNCTIONS) | set(NAMES) | set(FIELDS) | set(SOURCE_USES)
     assert set(REGISTRY) <= covered, sorted(set(REGISTRY) - covered)

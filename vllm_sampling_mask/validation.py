@@ -84,3 +84,116 @@ def resolve_request(*, engine_on: bool, requested, temperature: float, top_k: in
                        f"--max-sampling-mask-size {max_size}: lower top_k, or restart "
                        "the server with a larger --max-sampling-mask-size.")
     return True, None
+
+
+# --- Token ids and integers a request carries (crash fixes; flag on or off) ---
+
+# msgspec, which carries every request to the engine core, encodes integers in
+# [-2**63, 2**64 - 1]; anything else fails after the request was accepted.
+INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+
+
+def _is_int(value) -> bool:
+    # any integral type (Python or numpy), but not bool
+    return hasattr(value, "__index__") and not isinstance(value, bool)
+
+
+def token_id_problem(parameter: str, ids, vocab_size: int, *, what: str | None = None
+                     ) -> tuple[str, str] | None:
+    """(parameter, message) for the first id of `ids` that is no token of a model
+    with `vocab_size` ids (valid: integers in [0, vocab_size)), else None.
+
+    `what` names the ids in the message (default: the parameter)."""
+    what = what or parameter
+    last = vocab_size - 1
+    for position, token in enumerate(ids):
+        if _is_int(token) and 0 <= token <= last:
+            continue
+        where = f" (position {position} of {len(ids)})" if len(ids) > 1 else ""
+        if not _is_int(token):
+            return parameter, (f"{what}: {token!r}{where} is not a token id: token ids "
+                               f"are integers in [0, {last}].")
+        return parameter, (f"{what}: token id {token}{where} is outside this model's "
+                           f"vocabulary: token ids must lie in [0, {last}] (vocabulary "
+                           f"size {vocab_size}).")
+    return None
+
+
+def logit_bias_problem(logit_bias, vocab_size: int) -> tuple[str, str] | None:
+    """Keys must be token ids of the model, values finite numbers."""
+    if not logit_bias:
+        return None
+    problem = token_id_problem("logit_bias", list(logit_bias), vocab_size,
+                               what="logit_bias keys")
+    if problem is not None:
+        return problem
+    for token, bias in logit_bias.items():
+        if not isinstance(bias, (int, float)) or isinstance(bias, bool) or not (
+                -float("inf") < bias < float("inf")):
+            return "logit_bias", (f"logit_bias[{token}] is {bias!r}: a bias must be a "
+                                  "finite number (OpenAI clients use -100 to 100).")
+    return None
+
+
+def int64_problem(fields: dict) -> tuple[str, str] | None:
+    """(parameter, message) for the first integer in `fields` (a name -> value map;
+    lists, tuples and dicts are searched, dict keys too) outside 64 bits."""
+    def out_of_range(value):
+        if _is_int(value):
+            return value if not INT64_MIN <= value <= INT64_MAX else None
+        if isinstance(value, dict):
+            for item in (*value.keys(), *value.values()):
+                found = out_of_range(item)
+                if found is not None:
+                    return found
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            for item in value:
+                found = out_of_range(item)
+                if found is not None:
+                    return found
+        return None
+
+    for name, value in fields.items():
+        found = out_of_range(value)
+        if found is not None:
+            return name, (f"{name} holds {found}, which does not fit in a 64-bit integer: "
+                          f"integers must lie in [-2**63, 2**63 - 1].")
+    return None
+
+
+def sampling_id_problems(*, vocab_size: int, allowed_token_ids=None, logit_bias=None,
+                         stop_token_ids=None) -> list[tuple[str, str]]:
+    """Every token-id parameter of a request's sampling parameters, checked against
+    the model's vocabulary (upstream checks some against the tokenizer, some not
+    at all: an id the model has no row for kills the engine)."""
+    problems = [
+        token_id_problem("allowed_token_ids", allowed_token_ids or [], vocab_size),
+        logit_bias_problem(logit_bias, vocab_size),
+        token_id_problem("stop_token_ids", stop_token_ids or [], vocab_size),
+    ]
+    return [p for p in problems if p is not None]
+
+
+def bad_words_problem(bad_words, bad_words_token_ids, vocab_size: int
+                      ) -> tuple[str, str] | None:
+    """The tokenizer's encoding of `bad_words` must stay inside the model's
+    vocabulary (a tokenizer may know more ids than the model has rows)."""
+    for encoded in bad_words_token_ids or []:
+        for token in encoded:
+            if not (_is_int(token) and 0 <= token < vocab_size):
+                return "bad_words", (
+                    f"bad_words {list(bad_words)!r} encode to token id {token}, outside "
+                    f"this model's vocabulary [0, {vocab_size - 1}]: drop that word.")
+    return None
+
+
+def blank_bad_word_problem(bad_words) -> tuple[str, str] | None:
+    """A bad word of whitespace only: upstream strips each word's leading
+    whitespace before encoding it and then indexes the empty encoding (HTTP 500)."""
+    for word in bad_words or []:
+        if isinstance(word, str) and word and not word.strip():
+            return "bad_words", (
+                f"bad_words holds {word!r}, which is whitespace only: each bad word is "
+                "encoded without its leading whitespace, so it must contain another "
+                "character (to ban a whitespace token, give its id a logit_bias of -100).")
+    return None

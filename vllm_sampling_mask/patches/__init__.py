@@ -20,6 +20,8 @@ REGISTRY: dict[str, str] = {
     "model_config": "vllm.config.model",
     "engine_args": "vllm.engine.arg_utils",
     "request_validation": "vllm.v1.engine.input_processor",
+    # Every token id and integer a request carries, against the model (crash fixes).
+    "token_id_validation": "vllm.v1.engine.input_processor",
     # The mask's path: sampler -> runner output -> scheduler -> client -> user
     # (Model Runner V2, then the V1 runner's sampler and runner).
     "sampler": "vllm.v1.worker.gpu.sample.sampler",
