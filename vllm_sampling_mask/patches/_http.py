@@ -9,7 +9,11 @@
 - stream chunks: `StreamMasks` watches the engine's DELTA outputs and writes, into
   each chunk choice upstream emits, the supports of exactly that chunk's tokens;
 - `open_stream`: a stream whose first event is an error (the input processor
-  refused the request) is answered with that HTTP error instead of a 200.
+  refused the request) is answered with that HTTP error instead of a 200;
+- `body_is_an_object`: the OpenAI request subclasses answer a body that is no
+  JSON object (`[]`) with a 400, where upstream's validators raised an
+  AttributeError (HTTP 500). Remove when upstream's before-validators check
+  `isinstance(data, dict)` first.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable
 
-from pydantic import Field, StrictBool
+from pydantic import Field, StrictBool, model_validator
 from vllm.exceptions import VLLMClientError
 
 from vllm_sampling_mask.sampling_mask import SamplingMask
@@ -53,6 +57,15 @@ def forward_body_field(params, value):
     return params
 
 
+def body_is_an_object(cls, data):
+    """A request body that is no JSON object (`[]`, `1`) is a 400 naming the fix.
+    Upstream's own before-validators call `data.get` first: an AttributeError, HTTP
+    500. A validator the subclass declares runs before the parent's."""
+    if not isinstance(data, dict):
+        raise ValueError(f"the request body must be a JSON object, not {type(data).__name__}")
+    return data
+
+
 def declare_openai_fields(module, request: str, choice: str, response: str) -> None:
     """In an OpenAI protocol module, replace the request class `request` with a
     subclass declaring the body field (forwarded by its `to_sampling_params`),
@@ -63,6 +76,8 @@ def declare_openai_fields(module, request: str, choice: str, response: str) -> N
 
     Request = type(request, (getattr(module, request),),
                    {"__annotations__": {MASK_ARG: BodyField}, MASK_ARG: body_field(),
+                    "_body_is_an_object": model_validator(mode="before")(
+                        classmethod(body_is_an_object)),
                     "__module__": module.__name__})
     Choice = type(choice, (getattr(module, choice),),
                   {"__annotations__": {"sampling_mask": MaskField}, "sampling_mask": None,
