@@ -56,7 +56,8 @@ def main() -> int:
     import torch
     from vllm_sampling_mask import DEMO_MODEL
 
-    model = AutoModelForCausalLM.from_pretrained(DEMO_MODEL, torch_dtype=torch.float32).eval()
+    torch.set_num_threads(1)    # the server has the other core
+    model = AutoModelForCausalLM.from_pretrained(DEMO_MODEL, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL)
     checker = fs.Checker(model, tokenizer, reference_every=args.reference_every)
 
@@ -70,13 +71,8 @@ def main() -> int:
             if args.examples and i - args.start >= args.examples:
                 break
             d = fs.RandomDraw(args.seed * 1_000_003 + i)
-            before = len(stats.violations)
-            crowd = args.replay_every and i % args.replay_every == args.replay_every - 1
-            if crowd:
-                fs.replay_crowd(base, checker, fs.draw_crowd(d))
-            else:
-                fs.run_example(base, checker, fs.draw_batch(d))
-            new = stats.violations[before:]
+            crowd = bool(args.replay_every) and i % args.replay_every == args.replay_every - 1
+            new = fs.fuzz_example(base, checker, d, crowd=crowd)
             print(f"[{time.monotonic() - t0:7.1f} s] example {i} "
                   f"({'crowd' if crowd else 'batch'}): requests {stats.requests}, "
                   f"supports checked {stats.supports_checked}, vs reference "

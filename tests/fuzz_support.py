@@ -13,9 +13,10 @@ non-streamed request cancelled after a delay), all sent concurrently. What every
 outcome must satisfy (`Checker.check`):
 
 - a request the server must refuse (decided here, independently, from the
-  documented rule: `return_sampling_mask: true` with temperature 0, or with a
-  top_k above --max-sampling-mask-size; vLLM's own "greedy with n > 1") is a 400
-  whose message names the parameter;
+  documented rules: a `return_sampling_mask` that is not true, false or null;
+  true with temperature 0, or with a top_k above --max-sampling-mask-size; a
+  whitespace-only bad word; vLLM's own "greedy with n > 1") is a 400 whose
+  message names the parameter;
 - otherwise: a completed request has its n choices; every choice that should
   carry a mask (documented rule: true; null with temperature > 0 and top_k,
   top_p < 1 or min_p > 0) has exactly one support per generated token, the
@@ -67,11 +68,11 @@ GREEDY_EPS = 1e-5     # vLLM: temperature below this is greedy
 ROUTES = {"generate": "/inference/v1/generate", "completions": "/v1/completions",
           "chat": "/v1/chat/completions"}
 MISSING = "missing"   # the body has no return_sampling_mask field at all
-# No whitespace-only bad word: vLLM 0.27.1 answers one with a 500 on every route
-# (`SamplingParams.update_from_tokenizer` indexes the empty encoding of
-# `word.lstrip()`), with or without masks; test_fuzz.py keeps that case as an xfail.
 BAD_WORDS = ["self", " self", "def", " return", "(", ")", ":", "import", "x", " the",
              "print(", "if __name__", ":\n"]
+# Whitespace only: refused with a 400 naming bad_words (upstream 0.27.1 indexed the
+# empty encoding of `word.lstrip()`: a 500; the package's input checks refuse it).
+BLANK_BAD_WORDS = ["\n", " ", "    ", "\t\n"]
 STOP_STRINGS = ["\n", "(", ")", ":", " ", "e", "def", "\n\n", "self."]
 ALPHABET = string.ascii_letters + string.digits + string.punctuation + " \n\t" + "éß中🙂"
 
@@ -197,6 +198,8 @@ def draw_sampling(d, *, seeded: bool | None = None, greedy: bool = True) -> dict
     )
     if d.chance(20):
         sp["min_tokens"] = d.int(0, max_tokens)
+    if d.chance(2):
+        sp["bad_words"] = sp["bad_words"] + [d.choice(BLANK_BAD_WORDS)]
     return sp
 
 
@@ -215,16 +218,18 @@ def draw_request(d, *, seeded: bool | None = None, greedy: bool = True,
     prompt = draw_prompt(d, route)
     sp = draw_sampling(d, seeded=seeded, greedy=greedy)
     mask_field = d.choice([None, MISSING, True, True, False])
+    if d.chance(3):
+        mask_field = d.choice(["yes", 1, 0, "true"])      # not a strict boolean: a 400
     abort = None
     if aborts and d.chance(12):
-        abort = ("events", d.int(0, 3)) if stream else ("after", round(d.real(0.02, 0.8), 3))
+        abort = ("events", d.int(0, 8)) if stream else ("after", round(d.real(0.02, 0.8), 3))
     return Req(route, stream, prompt, sp, mask_field, abort, usage=stream and d.chance(50))
 
 
 def draw_batch(d) -> list[Req]:
-    """A concurrent batch: 1 to 6 requests (n up to 3 each, so at times more
+    """A concurrent batch: 1 to 8 requests (n up to 3 each, so at times more
     sequences than the server's --max-num-seqs 8, which queue)."""
-    return [draw_request(d) for _ in range(d.int(1, 6))]
+    return [draw_request(d) for _ in range(d.int(1, 8))]
 
 
 def draw_crowd(d) -> list[Req]:
@@ -277,16 +282,22 @@ def is_greedy(req: Req) -> bool:
     return req.sp["temperature"] < GREEDY_EPS
 
 
-def expected_refusal(req: Req) -> str | None:
-    """What the 400's message must name, for a request the server must refuse."""
+def expected_refusals(req: Req) -> list[str]:
+    """Why the server must refuse `req` (empty: it must not): each reason as what
+    the 400's message then names. With several reasons, naming one is enough."""
+    if req.mask_field not in (True, False, None, MISSING) or type(req.mask_field) is int:
+        return ["return_sampling_mask"]      # the body field is checked before all else
+    reasons = []
     if is_greedy(req) and req.sp["n"] > 1:
-        return "n must be 1"                 # vLLM's own rule
+        reasons.append("n must be 1")        # vLLM's own rule
     if req.mask_field is True:
         if is_greedy(req):
-            return "temperature"
-        if req.sp["top_k"] > LIMIT:
-            return "top_k"
-    return None
+            reasons.append("temperature")
+        elif req.sp["top_k"] > LIMIT:
+            reasons.append("top_k")
+    if any(w and not w.strip() for w in req.sp["bad_words"]):
+        reasons.append("bad_words")
+    return reasons
 
 
 def expects_mask(req: Req) -> bool:
@@ -502,7 +513,9 @@ def zero_probability(row: torch.Tensor, temperature: float) -> torch.Tensor:
 
 @dataclasses.dataclass
 class Stats:
-    examples: int = 0
+    examples: int = 0                  # drawn examples: batches and crowds
+    crowds: int = 0
+    rounds: int = 0                    # concurrent rounds sent (a crowd sends several)
     requests: int = 0
     completed_choices: int = 0
     tokens_checked: int = 0            # generated tokens of completed choices
@@ -519,7 +532,8 @@ class Stats:
 
     def report(self) -> str:
         lines = [
-            f"examples {self.examples}, requests {self.requests} "
+            f"examples {self.examples} ({self.examples - self.crowds} batches, "
+            f"{self.crowds} seeded crowds; {self.rounds} rounds), requests {self.requests} "
             f"({', '.join(f'{k} {v}' for k, v in sorted(self.routes.items()))})",
             f"completed choices {self.completed_choices}, tokens checked "
             f"{self.tokens_checked}, of which with a support {self.supports_checked}",
@@ -555,7 +569,7 @@ class Checker:
         s = self.stats
         s.requests += 1
         s.routes[req.route] += 1
-        refusal = expected_refusal(req)
+        refusals = expected_refusals(req)
         if out.transport is not None:
             self.violation(req, f"transport failure: {out.transport}")
             return
@@ -569,11 +583,12 @@ class Checker:
         if out.status is None or out.status >= 500:
             self.violation(req, f"HTTP {out.status}: {out.error}")
             return
-        if refusal is not None:
-            if out.status == 400 and refusal in (out.error or ""):
-                s.refusals[refusal] += 1
+        if refusals:
+            named = [r for r in refusals if r in (out.error or "")]
+            if out.status == 400 and named:
+                s.refusals[named[0]] += 1
             else:
-                self.violation(req, f"expected a 400 naming {refusal!r}, got "
+                self.violation(req, f"expected a 400 naming one of {refusals}, got "
                                     f"HTTP {out.status}: {out.error}")
             return
         if out.error is not None or out.status != 200:
@@ -738,7 +753,7 @@ def run_example(base: str, checker: Checker, reqs: list[Req]) -> list[Outcome]:
     problem = settle(base)
     if problem is not None:
         checker.stats.violations.append(f"after the example: {problem}")
-    checker.stats.examples += 1
+    checker.stats.rounds += 1
     return outs
 
 
@@ -776,3 +791,15 @@ def replay_crowd(base: str, checker: Checker, crowd: list[Req]) -> None:
                         detail += f"; choice {i}: same tokens, supports differ at token {at}"
             checker.violation(req, f"seeded request differs alone vs in a crowd of "
                                    f"{len(crowd)}: {detail}")
+
+
+def fuzz_example(base: str, checker: Checker, d, crowd: bool = False) -> list[str]:
+    """One drawn example, a concurrent batch or a seeded crowd: its new violations."""
+    before = len(checker.stats.violations)
+    if crowd:
+        replay_crowd(base, checker, draw_crowd(d))
+        checker.stats.crowds += 1
+    else:
+        run_example(base, checker, draw_batch(d))
+    checker.stats.examples += 1
+    return checker.stats.violations[before:]
