@@ -285,9 +285,11 @@ def is_greedy(req: Req) -> bool:
 def expected_refusals(req: Req) -> list[str]:
     """Why the server must refuse `req` (empty: it must not): each reason as what
     the 400's message then names. With several reasons, naming one is enough."""
-    if req.mask_field not in (True, False, None, MISSING) or type(req.mask_field) is int:
-        return ["return_sampling_mask"]      # the body field is checked before all else
     reasons = []
+    if req.mask_field not in (True, False, None, MISSING) or type(req.mask_field) is int:
+        # the body field: true, false or null (on the generate route pydantic may
+        # first build the sampling parameters, whose own checks then answer)
+        reasons.append("return_sampling_mask")
     if is_greedy(req) and req.sp["n"] > 1:
         reasons.append("n must be 1")        # vLLM's own rule
     if req.mask_field is True:
@@ -523,6 +525,7 @@ class Stats:
     supports_vs_reference: int = 0     # of those, compared with the reference
     logprobs_vs_reference: int = 0
     ambiguous_ids: int = 0             # reference ids within eps of a threshold
+    ties_at_cut: int = 0               # ids whose logit ties (within eps) the cut's
     replays: int = 0                   # seeded requests compared alone vs in a crowd
     aborts: int = 0
     size_limit_errors: int = 0
@@ -538,7 +541,8 @@ class Stats:
             f"completed choices {self.completed_choices}, tokens checked "
             f"{self.tokens_checked}, of which with a support {self.supports_checked}",
             f"supports compared against the reference {self.supports_vs_reference} "
-            f"(ids within eps of a threshold: {self.ambiguous_ids}); logprobs "
+            f"(ids within eps of a threshold: {self.ambiguous_ids}, near-ties at the "
+            f"cut: {self.ties_at_cut}); logprobs "
             f"compared {self.logprobs_vs_reference}",
             f"seeded requests replayed alone vs in a crowd {self.replays}",
             f"refusals {sum(self.refusals.values())} "
@@ -725,6 +729,19 @@ class Checker:
                 either = zero_probability(row, temperature)
                 missing = {i for i in missing if not either[i]}
                 extra = {i for i in extra if not either[i]}
+            if missing or extra:
+                # a near-tie at the cut: two ids whose logits differ by less than
+                # float32 noise sort either way in two implementations, so the one
+                # kept at a top-k or top-p cut may be either
+                x = row.double() / temperature
+                kept_min = x[list(got)].min()
+                dropped = torch.ones_like(x, dtype=torch.bool)
+                dropped[list(got)] = False
+                dropped_max = x[dropped & torch.isfinite(x)].max()
+                near_cut = {i for i in missing | extra
+                            if min(abs(x[i] - kept_min), abs(x[i] - dropped_max)) < eps}
+                self.stats.ties_at_cut += len(near_cut)
+                missing, extra = missing - near_cut, extra - near_cut
             if missing or extra:
                 self.violation(req, f"token {t} ({token}): support differs from the "
                                     f"reference: missing {sorted(missing)[:10]}, "
