@@ -233,20 +233,11 @@ def draw_batch(d) -> list[Req]:
 
 
 def draw_crowd(d) -> list[Req]:
-    """For `replay_crowd`: 2 to 5 requests, all seeded, temperature > 0, no aborts,
-    and either all with top_p < 1 or all with top_p = 1: a top_p = 1 row among
-    top_p < 1 rows loses its zero-probability ids (`zero_probability`), an
-    upstream batch effect `test_fuzz.py` keeps as an xfail."""
-    crowd = [draw_request(d, seeded=True, greedy=False, aborts=False)
-             for _ in range(d.int(2, 5))]
-    if d.chance(50):
-        for req in crowd:
-            req.sp["top_p"] = 1.0
-    else:
-        for req in crowd:
-            if req.sp["top_p"] >= 1.0:
-                req.sp["top_p"] = round(d.real(0.05, 0.999), 3)
-    return crowd
+    """For `replay_crowd`: 2 to 5 requests, all seeded, temperature > 0, no aborts.
+    top_p = 1 rows may sit beside top_p < 1 rows: upstream then cut a top_p = 1
+    row's zero-probability ids (`patches/top_p_one_rows` keeps them)."""
+    return [draw_request(d, seeded=True, greedy=False, aborts=False)
+            for _ in range(d.int(2, 5))]
 
 
 def body(req: Req) -> tuple[str, dict]:
@@ -494,24 +485,6 @@ def banned_at(variants: list[list[int]], previous: list[int]) -> set[int]:
     return banned
 
 
-# Ids whose float32 probability may be exactly 0 (exp underflows near -103.3; the
-# log-sum-exp is at most max + ln(4096) = max + 8.3 above the largest logit).
-ZERO_PROBABILITY_GAP = 95.0
-
-
-def zero_probability(row: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Which ids of a processed row (before temperature) a batch may cut or keep.
-
-    vLLM's CPU top-p (`apply_top_k_top_p_pytorch`) runs on every row of a batch
-    once any row has top_p < 1; a row with top_p = 1 then loses the ids whose
-    ascending cumulative float32 probability is 0 (`cumsum <= 1 - 1.0`). The
-    sampler never draws them, the mask faithfully omits them, but whether they
-    are cut depends on the other requests of the batch, so for such a row they
-    are on neither side of the reference.
-    """
-    x = row.double() / temperature
-    return (x - x[torch.isfinite(x)].max()) < -ZERO_PROBABILITY_GAP
-
 
 @dataclasses.dataclass
 class Stats:
@@ -725,10 +698,6 @@ class Checker:
                 row, temperature, sp["top_k"], sp["top_p"], sp["min_p"], eps=eps)
             got = set(support)
             missing, extra = surely_in - got, got & surely_out
-            if sp["top_p"] >= 1.0 and (missing or extra):
-                either = zero_probability(row, temperature)
-                missing = {i for i in missing if not either[i]}
-                extra = {i for i in extra if not either[i]}
             if missing or extra:
                 # a near-tie at the cut: two ids whose logits differ by less than
                 # float32 noise sort either way in two implementations, so the one

@@ -339,6 +339,17 @@ SOURCE_USES["token_id_validation"] = [
 ]
 
 
+FUNCTIONS["top_p_one_rows"] = [
+    ("vllm.v1.sample.ops.topk_topp_sampler", "apply_top_k_top_p_pytorch",
+     ["logits", "k", "p", "allow_cpu_sync"]),
+]
+# the cut the patch neutralises for p >= 1 rows
+SOURCE_USES["top_p_one_rows"] = [
+    ("vllm.v1.sample.ops.topk_topp_sampler", "apply_top_k_top_p_pytorch",
+     ["probs_sum <= 1 - p.unsqueeze(dim=1)"]),
+]
+
+
 def test_every_patch_has_a_contract():
     covered = set(FUNCTIONS) | set(NAMES) | set(FIELDS) | set(SOURCE_USES)
     assert set(REGISTRY) <= covered, sorted(set(REGISTRY) - covered)

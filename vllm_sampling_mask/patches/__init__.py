@@ -14,6 +14,8 @@ REGISTRY: dict[str, str] = {
     "interpreter_libdevice": "vllm.v1.worker.gpu.sample.gumbel",
     "interpreter_patch_cache": "triton.runtime.interpreter",
     "interpreter_dummy_run": "vllm.v1.worker.gpu.model_runner",
+    # A top_p = 1 row's support, whatever else its batch holds.
+    "top_p_one_rows": "vllm.v1.sample.ops.topk_topp_sampler",
     # The V1 runner on a CPU host: seeded requests with chunked prompts.
     "cpu_generator_rewind": "vllm.v1.worker.gpu_model_runner",
     # The engine flag and its validation.
