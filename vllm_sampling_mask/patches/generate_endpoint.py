@@ -3,23 +3,27 @@
 What: in `vllm/entrypoints/scale_out/token_in_token_out/serving.py`, wraps
     `ServingTokens.serve_tokens` to put the `return_sampling_mask` body field
     (declared by the `generate_protocol` patch) into the request's
-    `SamplingParams.extra_args`, and, with the engine flag on, to run a
-    non-streaming request with FINAL_ONLY outputs (so `n > 1` returns every
-    choice: upstream's cumulative outputs keep only the children that finished
-    in the last step) and to start a stream only once its first event is not
-    an error (a request the input processor refuses is an HTTP 400, streamed or
-    not); `serve_tokens_full_generator` to fill each choice's `sampling_mask`
-    from its final `CompletionOutput`; `serve_tokens_stream_generator` to give
-    each chunk the supports of exactly its tokens (`_http.StreamMasks`), the
-    first result it reads holding every choice of an n > 1 request (upstream
-    sizes its per-choice counters from it, and failed with "list index out of
-    range" when some children's first tokens came later). A
+    `SamplingParams.extra_args`, to run a non-streaming request with
+    FINAL_ONLY outputs when the engine flag is on or n > 1 (so `n > 1` returns
+    every choice: upstream's cumulative outputs keep only the children that
+    finished in the last step, a 200 with fewer than n choices), and, with the
+    flag on, to start a stream only once its first event is not an error (a
+    request the input processor refuses is an HTTP 400, streamed or not);
+    `serve_tokens_full_generator` to fill each choice's `sampling_mask` from
+    its final `CompletionOutput`; `serve_tokens_stream_generator` to give each
+    chunk the supports of exactly its tokens (`_http.StreamMasks`, flag on),
+    and, flag on or off, the first result it reads holding every choice of an
+    n > 1 request (upstream sizes its per-choice counters from it, and failed
+    with HTTP 500 "list index out of range" when some children's first tokens
+    came later). The two n > 1 fixes hold with the flag off too: they are
+    upstream bugs, found by the soak run against a server without masks. A
     completion the mask path ended (`sampling_mask_error`) is an HTTP 400
     carrying that message, or an error event in a stream; never a choice
     without its mask.
 Why: the token-in/token-out endpoint is the RL trainers' way in.
 Remove when: upstream vLLM PR #49577 (sampling masks upstream, vLLM 0.28)
-    returns the mask from this endpoint.
+    returns the mask from this endpoint, and upstream's n > 1 handling on this
+    endpoint is fixed (both n > 1 bugs are present in 0.27.1).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ def apply(module) -> None:
         request = arg(args, kwargs, 0, "request")
         forward_body_field(request.sampling_params, request.return_sampling_mask)
         on = masks_on(self)
-        if on and not request.stream:
+        if (on or request.sampling_params.n > 1) and not request.stream:
             # One final output holding every child of n > 1.
             request.sampling_params.output_kind = RequestOutputKind.FINAL_ONLY
         result = await wrapped(*args, **kwargs)
@@ -69,9 +73,12 @@ def apply(module) -> None:
 
     @wraps(module, "ServingTokens.serve_tokens_stream_generator")
     def serve_tokens_stream_generator(wrapped, self, args, kwargs):
-        if not masks_on(self):
-            return wrapped(*args, **kwargs)
         n = arg(args, kwargs, 0, "request").sampling_params.n
+        if not masks_on(self):
+            if n > 1:
+                args, kwargs = replace_arg(args, kwargs, 1, "result_generator",
+                                           lambda results: every_choice_first(results, n))
+            return wrapped(*args, **kwargs)
         masks = StreamMasks()
         args, kwargs = replace_arg(
             args, kwargs, 1, "result_generator",
