@@ -23,6 +23,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from vllm_sampling_mask import DEMO_MODEL  # noqa: E402
+from vllm_sampling_mask.demo import DEMO_PROMPTS  # noqa: E402
 
 # What every mask-engine test uses: exactness needs float32 (bfloat16, vLLM's CPU
 # default for a float32 checkpoint, makes ties common).
@@ -31,16 +32,7 @@ ENGINE_KWARGS = dict(
     seed=0, return_sampling_mask=True, logprobs_mode="processed_logprobs")
 
 
-PROMPTS = [
-    "def main():\n    ",
-    "import os\nimport sys\n\n",
-    "class Parser:\n    def __init__(self",
-    "    for i in range(",
-    "# Copyright 2001 Python Software Foundation\n",
-    "        return self.",
-    "if __name__ == '__main__':\n",
-    "    raise ValueError(",
-]
+PROMPTS = DEMO_PROMPTS
 
 
 def free_port() -> int:

@@ -26,6 +26,19 @@ import urllib.request
 from vllm_sampling_mask import DEMO_MODEL
 
 
+# Prompts the demo model (trained on Python source) continues well; any model takes them.
+DEMO_PROMPTS = [
+    "def main():\n    ",
+    "import os\nimport sys\n\n",
+    "class Parser:\n    def __init__(self",
+    "    for i in range(",
+    "# Copyright 2001 Python Software Foundation\n",
+    "        return self.",
+    "if __name__ == '__main__':\n",
+    "    raise ValueError(",
+]
+
+
 def server_command(port: int, model: str = DEMO_MODEL, extra=(), mask: bool = True
                    ) -> list[str]:
     """The `vllm serve` command line; `mask=False` leaves out `--return-sampling-mask`

@@ -38,20 +38,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from vllm_sampling_mask import DEMO_MODEL, SamplingMask
+from vllm_sampling_mask.demo import DEMO_PROMPTS
 
 BAND = (0.9, 1.1)
-
-# Prompts for the demo model (trained on Python source); any model accepts them.
-BUILT_IN_PROMPTS = [
-    "def main():\n    ",
-    "import os\nimport sys\n\n",
-    "class Parser:\n    def __init__(self",
-    "    for i in range(",
-    "# Copyright 2001 Python Software Foundation\n",
-    "        return self.",
-    "if __name__ == '__main__':\n",
-    "    raise ValueError(",
-]
 
 DEFAULT_ARMS = [
     "temperature=1.0,top_k=50",
@@ -129,7 +118,7 @@ class Rollout:
 
 def load_prompts(path: str | None) -> list[str]:
     if path is None:
-        return list(BUILT_IN_PROMPTS)
+        return list(DEMO_PROMPTS)
     try:
         with open(path) as f:
             text = f.read()
@@ -188,10 +177,11 @@ def rollout_in_process(model: str, arms, prompt_ids, samples: int, max_tokens: i
     return results
 
 
-def _post(url: str, body: dict) -> dict:
+def _call(method: str, url: str, **kwargs):
+    """One HTTP call to the server, or the error a user can act on."""
     import requests
     try:
-        r = requests.post(url, json=body, timeout=600)
+        r = requests.request(method, url, timeout=600, **kwargs)
     except requests.ConnectionError:
         raise ReplayCheckError(
             f"--server: nothing answers at {url}. Start one with `vllm serve MODEL "
@@ -203,17 +193,7 @@ def _post(url: str, body: dict) -> dict:
 
 
 def server_model(server: str) -> str:
-    import requests
-    try:
-        r = requests.get(server.rstrip("/") + "/v1/models", timeout=30)
-    except requests.ConnectionError:
-        raise ReplayCheckError(
-            f"--server: nothing answers at {server}. Start one with `vllm serve MODEL "
-            "--return-sampling-mask --logprobs-mode processed_logprobs`, or drop "
-            "--server to run in-process.") from None
-    if r.status_code != 200:
-        raise ReplayCheckError(f"--server: {server}/v1/models answered {r.status_code}")
-    (entry, *_) = r.json()["data"]
+    (entry, *_) = _call("GET", server.rstrip("/") + "/v1/models")["data"]
     return entry.get("root") or entry["id"]
 
 
@@ -228,7 +208,7 @@ def rollout_server(server: str, model: str, arms, prompt_ids, samples: int,
                 "sampling_params": {**arm.sampling(), "n": samples, "logprobs": 0,
                                     "max_tokens": max_tokens, "seed": seed + 1000 * a + i}}
         rollouts = []
-        for choice in sorted(_post(url, body)["choices"], key=lambda c: c["index"]):
+        for choice in sorted(_call("POST", url, json=body)["choices"], key=lambda c: c["index"]):
             try:
                 mask = SamplingMask.from_response(choice)
             except ValueError as e:
