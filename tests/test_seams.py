@@ -350,6 +350,31 @@ SOURCE_USES["top_p_one_rows"] = [
 ]
 
 
+# Shutdown: AsyncLLM.shutdown stops the engine core, then the pending requests are
+# aborted in the output processor on the output handler's loop; a request arriving
+# later fails on the dead flag that the client's resources set.
+ALLM = "vllm.v1.engine.async_llm"
+FUNCTIONS["shutdown_answers"] = [
+    (ALLM, "AsyncLLM.shutdown", ["self", "timeout"]),
+    ("vllm.v1.engine.output_processor", "OutputProcessor.abort_requests",
+     ["self", "request_ids", "internal"]),
+    ("vllm.utils.async_utils", "run_in_loop", ["loop", "function", "args"]),
+]
+SOURCE_USES["shutdown_answers"] = [
+    (ALLM, "AsyncLLM.__init__",
+     ["self.output_processor = ", "self.output_handler: asyncio.Task | None = None"]),
+    (ALLM, "AsyncLLM._run_output_handler", ["self.output_handler = asyncio.create_task("]),
+    (ALLM, "AsyncLLM.shutdown", ["engine_core.shutdown(timeout=timeout)",
+                                 "cancel_task_threadsafe(handler)"]),
+    (ALLM, "AsyncLLM.add_request", ["if self.errored:", "raise EngineDeadError()"]),
+    ("vllm.v1.engine.output_processor", "OutputProcessor.__init__", ["self.request_states"]),
+    ("vllm.v1.engine.output_processor", "OutputProcessor.abort_requests",
+     ["self.request_states.pop(request_id, None)", "finish_reason=FinishReason.ABORT",
+      "req_state.queue.put(request_output)"]),
+    ("vllm.v1.engine.core_client", "BackgroundResources.__call__",
+     ["self.engine_dead = True"]),
+]
+
 def test_every_patch_has_a_contract():
     covered = set(FUNCTIONS) | set(NAMES) | set(FIELDS) | set(SOURCE_USES)
     assert set(REGISTRY) <= covered, sorted(set(REGISTRY) - covered)

@@ -49,4 +49,6 @@ REGISTRY: dict[str, str] = {
     # route of the API server, and the engine core's half of it.
     "debug_state": "vllm.entrypoints.openai.api_server",
     "debug_state_core": "vllm.v1.engine.core",
+    # Requests still pending when the engine client shuts down (SIGTERM) are answered.
+    "shutdown_answers": "vllm.v1.engine.async_llm",
 }
