@@ -233,22 +233,29 @@ async def run_one(session: aiohttp.ClientSession, base: str, plan: Plan, stats: 
         stats.note("connection", plan, repr(exc))
 
 
+def _count_error(code: int, what: str, detail, plan: Plan, stats: Stats,
+                 client_error: str) -> None:
+    """Count an error answer (an HTTP status or a stream's error event): a 5xx, or a
+    4xx counted under `client_error`, unexpected unless the request may be wide."""
+    if code >= 500:
+        stats.status_5xx += 1
+        stats.note(f"{what} {code}", plan, detail)
+        return
+    setattr(stats, client_error, getattr(stats, client_error) + 1)
+    if not plan.may_be_wide:
+        stats.unexpected_4xx += 1
+        stats.note(f"{what} {code}", plan, detail)
+
+
 def _status(resp_status: int, text, plan: Plan, stats: Stats) -> bool:
     """Count a non-200 answer; True if the request is done."""
     if resp_status == 200:
         return False
-    if resp_status >= 500:
-        stats.status_5xx += 1
-        stats.note(f"http {resp_status}", plan, text)
-    else:
-        stats.status_4xx += 1
-        if not plan.may_be_wide:
-            stats.unexpected_4xx += 1
-            stats.note(f"http {resp_status}", plan, text)
+    _count_error(resp_status, "http", text, plan, stats, "status_4xx")
     return True
 
 
-def _tokens_and_mask(route: str, choice: dict):
+def _tokens_and_mask(choice: dict):
     return choice.get("token_ids") or [], choice.get("sampling_mask")
 
 
@@ -276,7 +283,7 @@ async def _full(session, base, plan: Plan, stats: Stats, mask_server, vocab, sta
         if _status(resp.status, text, plan, stats):
             return
     data = json.loads(text)
-    choices = {c["index"]: _tokens_and_mask(plan.route, c) for c in data["choices"]}
+    choices = {c["index"]: _tokens_and_mask(c) for c in data["choices"]}
     _record(stats, plan, choices, mask_server, vocab, time.perf_counter() - start)
 
 
@@ -304,18 +311,11 @@ async def _streamed(session, base, plan: Plan, stats: Stats, mask_server, vocab,
             events += 1
             if "error" in chunk and "choices" not in chunk:
                 errored = True     # [DONE] follows; the request did not complete
-                code = chunk["error"].get("code") or 500
-                if code >= 500:
-                    stats.status_5xx += 1
-                    stats.note(f"error event {code}", plan, chunk)
-                else:
-                    stats.error_events += 1
-                    if not plan.may_be_wide:
-                        stats.unexpected_4xx += 1
-                        stats.note(f"error event {code}", plan, chunk)
+                _count_error(chunk["error"].get("code") or 500, "error event", chunk, plan,
+                             stats, "error_events")
                 continue
             for c in chunk.get("choices") or []:
-                tokens, mask = _tokens_and_mask(plan.route, c)
+                tokens, mask = _tokens_and_mask(c)
                 have_tokens, have_mask = joined.setdefault(c["index"], ([], None))
                 have_tokens.extend(tokens)
                 if mask is not None:
