@@ -6,8 +6,8 @@ import torch
 
 from vllm_sampling_mask import SamplingMask
 from vllm_sampling_mask.accumulator import MaskAccumulator
-from vllm_sampling_mask.extraction import (SPARE_WIDE_SLOTS, TIE_MARGIN, extract_selected,
-                                           extract_support, plan_layout)
+from vllm_sampling_mask.extraction import (DEFAULT_SETTINGS, ExtractionSettings,
+                                           extract_selected, extract_support, plan_layout)
 from vllm_sampling_mask.transport import MaskCopy
 from vllm_sampling_mask.validation import DEFAULT_MAX_SIZE, resolve_request, startup_errors
 
@@ -61,6 +61,10 @@ def test_extract_support_equals_isfinite_rows():
         want = torch.nonzero(torch.isfinite(logits[r])).view(-1).tolist()
         assert host.row(r).tolist() == want
         assert (host.ids[r, host.counts[r]:] == -1).all()
+
+
+TIE_MARGIN = DEFAULT_SETTINGS.tie_margin
+SPARE_WIDE_SLOTS = DEFAULT_SETTINGS.spare_wide_slots
 
 
 def test_ties_beyond_width_are_recovered_on_the_host():
@@ -245,17 +249,13 @@ def test_wide_rows_unpack_in_linear_time_from_their_crossing_word():
 
 def test_batches_of_several_chunks_are_extracted_whole():
     """The torch path runs chunks of rows: every chunk, selected rows or not."""
-    from vllm_sampling_mask import extraction
     vocab = 3000
     logits = _processed(rows=9, vocab=vocab, k=7, seed=4)
-    saved = extraction.CHUNK_ELEMENTS
-    extraction.CHUNK_ELEMENTS = 2 * vocab                 # two rows per chunk
-    try:
-        for wanted in (np.ones(9, bool), np.arange(9) % 2 == 0):
-            mask = extract_selected(logits, np.full(9, 7), wanted, max_size=4096)
-            host = MaskCopy(mask, pool=None).result(np.ones(9))
-            for r in np.flatnonzero(wanted):
-                assert host.row(r).tolist() == \
-                    torch.nonzero(torch.isfinite(logits[r])).view(-1).tolist()
-    finally:
-        extraction.CHUNK_ELEMENTS = saved
+    two_rows = ExtractionSettings(chunk_elements=2 * vocab)     # two rows per chunk
+    for wanted in (np.ones(9, bool), np.arange(9) % 2 == 0):
+        mask = extract_selected(logits, np.full(9, 7), wanted, max_size=4096,
+                                settings=two_rows)
+        host = MaskCopy(mask, pool=None).result(np.ones(9))
+        for r in np.flatnonzero(wanted):
+            assert host.row(r).tolist() == \
+                torch.nonzero(torch.isfinite(logits[r])).view(-1).tolist()

@@ -48,17 +48,31 @@ try:  # Triton is optional: CPU hosts without it use the torch implementation.
 except ImportError:  # pragma: no cover - exercised only where Triton is missing
     triton = None
 
-# Extra columns beyond the largest top-k, for ids tied with the k-th logit.
-TIE_MARGIN = 16
-# Wide-row slots when W < max_size: room for rows that turn wider than W only
-# through ties at the k-th logit.
-SPARE_WIDE_SLOTS = 4
 META = 3  # count, slot, start_word
 NOT_WIDE, NO_SLOT = -1, -2
 
 
 def n_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
+
+
+@dataclass(frozen=True)
+class ExtractionSettings:
+    """The layout's tunables; one instance per engine (the runner's mask state
+    holds it), so tests pass other values instead of patching module globals."""
+
+    # Extra columns beyond the largest top-k, for ids tied with the k-th logit.
+    tie_margin: int = 16
+    # Wide-row slots when W < max_size: room for rows that turn wider than W
+    # only through ties at the k-th logit.
+    spare_wide_slots: int = 4
+    # Logits per chunk of rows on the torch path: bounds its temporaries (a bool
+    # mask and the kept indices of one chunk) whatever the batch, while keeping
+    # the number of vocabulary-wide operations per step small.
+    chunk_elements: int = 1 << 22
+
+
+DEFAULT_SETTINGS = ExtractionSettings()
 
 
 @dataclass(frozen=True)
@@ -96,7 +110,8 @@ class MaskLayout:
 
 
 def plan_layout(top_k, vocab_size: int, *, max_size: int = DEFAULT_MAX_SIZE,
-                worst_case: bool = False) -> MaskLayout:
+                worst_case: bool = False,
+                settings: ExtractionSettings = DEFAULT_SETTINGS) -> MaskLayout:
     """The layout for the rows to extract, whose top-k are `top_k` (host ints).
 
     A top-k of 0 or >= vocab_size means "no top-k" (vLLM stores vocab_size).
@@ -109,9 +124,9 @@ def plan_layout(top_k, vocab_size: int, *, max_size: int = DEFAULT_MAX_SIZE,
         return MaskLayout(rows, cap, 0, vocab_size, max_size)
     bounded = [int(k) for k in top_k if 0 < int(k) < vocab_size]
     widest = vocab_size if len(bounded) < rows else max(bounded, default=1)
-    width = max(1, min(cap, widest + TIE_MARGIN))
-    return MaskLayout(rows, width, min(rows, SPARE_WIDE_SLOTS) if width < cap else 0,
-                      vocab_size, max_size)
+    width = max(1, min(cap, widest + settings.tie_margin))
+    slots = min(rows, settings.spare_wide_slots) if width < cap else 0
+    return MaskLayout(rows, width, slots, vocab_size, max_size)
 
 
 @dataclass
@@ -135,7 +150,8 @@ class DeviceMask:
 
 def extract_support(processed_logits: torch.Tensor, layout: MaskLayout,
                     rows: np.ndarray | None = None, *,
-                    use_triton: bool | None = None) -> DeviceMask:
+                    use_triton: bool | None = None,
+                    settings: ExtractionSettings = DEFAULT_SETTINGS) -> DeviceMask:
     """Compact the finite entries of the given rows of `processed_logits`.
 
     `rows` (host ints, ascending) are the batch rows to extract; None means all.
@@ -161,7 +177,7 @@ def extract_support(processed_logits: torch.Tensor, layout: MaskLayout,
     if use_triton:
         _extract_triton(processed_logits, source, block, layout)
     else:
-        _extract_torch(processed_logits, source, block, layout)
+        _extract_torch(processed_logits, source, block, layout, settings.chunk_elements)
     return DeviceMask(block=block[: layout.numel], layout=layout, batch_rows=batch_rows,
                       rows=None if rows is None else np.asarray(rows))
 
@@ -174,23 +190,18 @@ def no_rows(batch_rows: int, device) -> DeviceMask:
 
 
 def extract_selected(processed_logits: torch.Tensor, top_k: np.ndarray,
-                     wanted: np.ndarray, *, max_size: int,
-                     worst_case: bool = False) -> DeviceMask:
+                     wanted: np.ndarray, *, max_size: int, worst_case: bool = False,
+                     settings: ExtractionSettings = DEFAULT_SETTINGS) -> DeviceMask:
     """The sampler's entry: extract the batch rows that want a mask (`wanted`,
     a host bool per row), laid out from their host-side `top_k`. The
     memory-profiling run (`worst_case`) extracts every row at the widest."""
     vocab = processed_logits.shape[1]
     if not worst_case and not wanted.any():
         return no_rows(len(wanted), processed_logits.device)
-    if worst_case:
-        return extract_support(processed_logits, plan_layout(
-            top_k, vocab, max_size=max_size, worst_case=True))
-    if wanted.all():
-        return extract_support(processed_logits,
-                               plan_layout(top_k, vocab, max_size=max_size))
-    rows = np.flatnonzero(wanted)
-    return extract_support(processed_logits,
-                           plan_layout(top_k[rows], vocab, max_size=max_size), rows)
+    rows = None if worst_case or wanted.all() else np.flatnonzero(wanted)
+    layout = plan_layout(top_k if rows is None else top_k[rows], vocab, max_size=max_size,
+                         worst_case=worst_case, settings=settings)
+    return extract_support(processed_logits, layout, rows, settings=settings)
 
 
 # -- Triton ------------------------------------------------------------------
@@ -259,12 +270,6 @@ def _extract_triton(logits: torch.Tensor, rows: torch.Tensor | None, block: torc
 
 # -- torch -------------------------------------------------------------------
 
-# Logits per chunk of rows: bounds the torch path's temporaries (a bool mask
-# and the kept indices of one chunk) whatever the batch, while keeping the
-# number of vocabulary-wide operations per step small.
-CHUNK_ELEMENTS = 1 << 22
-
-
 def pack_bits(keep: torch.Tensor) -> torch.Tensor:
     """[V] bool -> [n_words(V)] int32, bit j of word w set when keep[32 w + j]."""
     vocab = keep.shape[-1]
@@ -297,7 +302,7 @@ def _kept_indices(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 
 def _extract_torch(logits: torch.Tensor, rows: torch.Tensor | None, block: torch.Tensor,
-                   layout: MaskLayout) -> None:
+                   layout: MaskLayout, chunk_elements: int) -> None:
     meta, ids, bits = layout.views(block[: layout.numel])
     ids.fill_(-1)
     meta[:, 1] = NOT_WIDE
@@ -305,7 +310,7 @@ def _extract_torch(logits: torch.Tensor, rows: torch.Tensor | None, block: torch
     width, vocab = layout.width, layout.vocab_size
     # Wide rows (no top-k) make the kept indices as large as the chunk: take
     # smaller chunks then.
-    elements = CHUNK_ELEMENTS if width < 1024 else CHUNK_ELEMENTS // 4
+    elements = chunk_elements if width < 1024 else chunk_elements // 4
     chunk = max(1, elements // max(vocab, 1))
     scratch = torch.empty((min(chunk, layout.rows) * vocab + 7) // 8 * 8,
                           dtype=torch.bool, device=logits.device)
