@@ -201,18 +201,31 @@ def no_rows(batch_rows: int, device) -> DeviceMask:
                       rows=np.zeros(0, dtype=np.int64))
 
 
+def plan_step(top_k: np.ndarray, wanted: np.ndarray, vocab_size: int, *, max_size: int,
+              worst_case: bool = False, settings: ExtractionSettings = DEFAULT_SETTINGS):
+    """The host work of one step before any launch: (layout, rows), rows None
+    for all; layout None when no row wants a mask. Vectorised: its cost does
+    not grow with a Python loop over the batch."""
+    wanted = np.asarray(wanted, dtype=bool)
+    if not worst_case and not wanted.any():
+        return None, None
+    rows = None if worst_case or wanted.all() else np.flatnonzero(wanted)
+    top_k = np.asarray(top_k)
+    layout = plan_layout(top_k if rows is None else top_k[rows], vocab_size,
+                         max_size=max_size, worst_case=worst_case, settings=settings)
+    return layout, rows
+
+
 def extract_selected(processed_logits: torch.Tensor, top_k: np.ndarray,
                      wanted: np.ndarray, *, max_size: int, worst_case: bool = False,
                      settings: ExtractionSettings = DEFAULT_SETTINGS) -> DeviceMask:
     """The sampler's entry: extract the batch rows that want a mask (`wanted`,
     a host bool per row), laid out from their host-side `top_k`. The
     memory-profiling run (`worst_case`) extracts every row at the widest."""
-    vocab = processed_logits.shape[1]
-    if not worst_case and not wanted.any():
+    layout, rows = plan_step(top_k, wanted, processed_logits.shape[1], max_size=max_size,
+                             worst_case=worst_case, settings=settings)
+    if layout is None:
         return no_rows(len(wanted), processed_logits.device)
-    rows = None if worst_case or wanted.all() else np.flatnonzero(wanted)
-    layout = plan_layout(top_k if rows is None else top_k[rows], vocab, max_size=max_size,
-                         worst_case=worst_case, settings=settings)
     return extract_support(processed_logits, layout, rows, settings=settings)
 
 
