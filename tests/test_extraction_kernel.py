@@ -55,7 +55,7 @@ def hostile_logits(rows, vocab, top_k, seed):
     return x
 
 
-@pytest.mark.parametrize("seed,chunk", [(0, 128), (1, 128), (2, 256), (3, 4096)])
+@pytest.mark.parametrize("seed,chunk", [(0, 128), (1, 512), (2, 1024), (3, 4096)])
 def test_kernel_equals_torch_and_isfinite_on_hostile_rows(seed, chunk):
     rows, vocab, top_k = 24, 3001, 20
     logits = hostile_logits(rows, vocab, top_k, seed).to(DEVICE)
@@ -176,3 +176,26 @@ def test_warm_up_runs_every_variant_and_the_kernel_stays_exact_after():
     got = decoded(logits, layout, use_triton=True)
     for r, want in enumerate(expected_rows(logits)):
         assert np.array_equal(got.row(r), want), r
+
+
+def test_kernel_at_real_vocabulary_and_default_chunk():
+    """V = 151,936 with the chunk the GPU runs (38 chunks of 16 word groups):
+    a top-k row, a row of ties crossing W mid-vocabulary (a wide row), a row
+    with NaN and +inf, and a row of one id in the last chunk."""
+    vocab, top_k = 151936, 50
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, vocab, generator=g)
+    kth = x.topk(top_k, dim=-1).values[:, -1:]
+    x = x.masked_fill(x < kth, float("-inf"))
+    x[1, 7::50] = 0.5                                   # ~3000 ids: wide, within N
+    x[2, torch.randint(0, vocab, (40,), generator=g)] = float("nan")
+    x[2, torch.randint(0, vocab, (3,), generator=g)] = float("inf")
+    x[3] = float("-inf")
+    x[3, vocab - 1] = 0.0
+    layout = plan_layout([top_k] * 4, vocab)
+    got = decoded(x.to(DEVICE), layout, use_triton=True, settings=ExtractionSettings())
+    assert got.wide == {1}
+    for r, want in enumerate(expected_rows(x)):
+        assert got.counts[r] == len(want), r
+        assert np.array_equal(got.row(r), want), r
+        assert got.problem(r, int(want[0])) is None, r

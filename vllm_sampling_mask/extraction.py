@@ -282,6 +282,17 @@ if triton is not None:
         packed = tl.sum(tl.reshape(k, (CHUNK // 32, 32)) << tl.arange(0, 32)[None, :], 1)
         tl.store(bitmap_ptr + at * (CHUNK // 32) + tl.arange(0, CHUNK // 32), packed)
 
+    @triton.jit
+    def _popcount(words):
+        """Set bits of each int32 word (SWAR, on the words as uint32)."""
+        x = words.to(tl.uint32, bitcast=True)
+        x = x - ((x >> 1) & 0x55555555)
+        x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+        x = (x + (x >> 4)) & 0x0F0F0F0F
+        x = x + (x >> 8)
+        x = x + (x >> 16)
+        return (x & 0x3F).to(tl.int32)
+
     @triton.jit(do_not_specialize=_PLACE_PASS_DNS)
     def _place_pass(bitmap_ptr, counts_ptr, out_ptr, counter_ptr, width, n_slots, words,
                     ids_offset, bits_offset, CHUNK: tl.constexpr, N_CHUNKS: tl.constexpr,
@@ -300,19 +311,27 @@ if triton is not None:
         row_ids = out_ptr + ids_offset + row.to(tl.int64) * width
         shifts = tl.arange(0, 32)
         if (mine > 0) & (base < width):
-            running = base
-            for g in range(0, WPC, GROUP):
-                wi = g + tl.arange(0, GROUP)
-                w = tl.load(row_bits + chunk * WPC + wi)
-                nonzero = tl.sum((w != 0).to(tl.int32), 0)
-                if (nonzero > 0) & (running < width):
+            # One load of the chunk's words; per-word counts and the exclusive
+            # scan over words and over groups of GROUP words, in registers.
+            wi_all = tl.arange(0, WPC)
+            counts_w = _popcount(tl.load(row_bits + chunk * WPC + wi_all))
+            per_group = tl.sum(tl.reshape(counts_w, (WPC // GROUP, GROUP)), 1)
+            gi = tl.arange(0, WPC // GROUP)
+            group_base = base + tl.cumsum(per_group, 0) - per_group
+            # Only the groups that hold kept ids placing any before W are expanded
+            # (their words are re-read from cache): bits of zero words cost nothing.
+            for g in range(0, WPC // GROUP):
+                in_group = tl.sum(tl.where(gi == g, per_group, 0), 0)
+                start = tl.sum(tl.where(gi == g, group_base, 0), 0)
+                if (in_group > 0) & (start < width):
+                    wi = g * GROUP + tl.arange(0, GROUP)
+                    w = tl.load(row_bits + chunk * WPC + wi)
                     bit = (w[:, None] >> shifts[None, :]) & 1
                     per_word = tl.sum(bit, 1)
-                    pos = (running + tl.cumsum(per_word, 0) - per_word)[:, None] \
+                    pos = (start + tl.cumsum(per_word, 0) - per_word)[:, None] \
                         + tl.cumsum(bit, 1) - bit
                     ids = chunk * CHUNK + wi[:, None] * 32 + shifts[None, :]
                     tl.store(row_ids + pos, ids, mask=(bit != 0) & (pos < width))
-                    running += tl.sum(per_word, 0)
         if chunk == 0:
             total = tl.sum(row_counts, 0)
             for pad in range(0, width, PAD_BLOCK):
