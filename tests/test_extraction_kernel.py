@@ -199,3 +199,19 @@ def test_kernel_at_real_vocabulary_and_default_chunk():
         assert got.counts[r] == len(want), r
         assert np.array_equal(got.row(r), want), r
         assert got.problem(r, int(want[0])) is None, r
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+def test_rows_over_the_size_limit_take_no_wide_row_slot(use_triton):
+    """A row wider than --max-sampling-mask-size is an error whatever happens:
+    it must not take the only slot from a row that ties past W within the limit."""
+    vocab = 2000
+    logits = torch.full((2, vocab), float("-inf"))
+    logits[0, :1500] = 0.0                    # over the limit of 1000
+    logits[1, 100:700] = 0.0                  # 600 ties: wide, within the limit
+    layout = MaskLayout(2, 20, 1, vocab, max_size=1000)
+    got = decoded(logits.to(DEVICE), layout, use_triton)
+    assert got.wide == {1} and not got.lost
+    assert got.row(1).tolist() == list(range(100, 700)) and got.problem(1, 100) is None
+    assert "--max-sampling-mask-size 1000" in got.problem(0, 0)
+    assert got.row(0).tolist() == list(range(20))          # its first W ids

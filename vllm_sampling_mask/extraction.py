@@ -251,7 +251,7 @@ def extract_selected(processed_logits: torch.Tensor, top_k: np.ndarray,
 # The sizes that change with the batch (width, slots, offsets into the block)
 # are `do_not_specialize`, and every pointer is 16-byte aligned by
 # construction (fresh allocations; the slot counter sits in a 4-int header in
-# front of the block), so the set of compiled variants depends only on the
+# front of the block, zeroed by the first pass: no memset launch), so the set of compiled variants depends only on the
 # engine (logits dtype, vocabulary, row stride) and on whether a row subset is
 # extracted: `warm_up` compiles all of them at start-up.
 
@@ -260,15 +260,18 @@ KERNEL_CHUNK = 4096  # logits per program
 _GROUP = 8           # bitmap words looked at together when placing ids
 
 _CHUNK_PASS_DNS = ()
-_PLACE_PASS_DNS = ("width", "n_slots", "ids_offset", "bits_offset")
+_PLACE_PASS_DNS = ("width", "n_slots", "ids_offset", "bits_offset", "max_size")
 
 if triton is not None:
 
     @triton.jit
-    def _chunk_pass(logits_ptr, logits_stride, rows_ptr, bitmap_ptr, counts_ptr, vocab_size,
-                    HAS_ROWS: tl.constexpr, CHUNK: tl.constexpr, N_CHUNKS: tl.constexpr):
+    def _chunk_pass(logits_ptr, logits_stride, rows_ptr, bitmap_ptr, counts_ptr, counter_ptr,
+                    vocab_size, HAS_ROWS: tl.constexpr, CHUNK: tl.constexpr,
+                    N_CHUNKS: tl.constexpr):
         row = tl.program_id(0)
         chunk = tl.program_id(1)
+        if (row == 0) & (chunk == 0):
+            tl.store(counter_ptr, 0)   # the slot counter, for the place pass (no memset)
         if HAS_ROWS:
             source = tl.load(rows_ptr + row)
         else:
@@ -295,7 +298,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=_PLACE_PASS_DNS)
     def _place_pass(bitmap_ptr, counts_ptr, out_ptr, counter_ptr, width, n_slots, words,
-                    ids_offset, bits_offset, CHUNK: tl.constexpr, N_CHUNKS: tl.constexpr,
+                    ids_offset, bits_offset, max_size, CHUNK: tl.constexpr, N_CHUNKS: tl.constexpr,
                     CHUNKS_P2: tl.constexpr, GROUP: tl.constexpr, PAD_BLOCK: tl.constexpr,
                     COPY_BLOCK: tl.constexpr):
         WPC: tl.constexpr = CHUNK // 32
@@ -340,7 +343,7 @@ if triton is not None:
                          mask=(offs >= total) & (offs < width))
             slot = tl.full((), -1, dtype=tl.int32)  # NOT_WIDE
             start_word = tl.zeros((), dtype=tl.int32)
-            if total > width:
+            if (total > width) & (total <= max_size):   # wider: an error, no slot
                 # the chunk holding id W + 1: the first whose inclusive count passes W
                 crossing = tl.sum((inclusive <= width).to(tl.int32), 0)
                 start_word = crossing * WPC
@@ -373,11 +376,11 @@ def _launches(logits: torch.Tensor, rows: torch.Tensor | None, block: torch.Tens
     grid = (layout.rows, n_chunks)
     first = (_chunk_pass, grid,
              (logits, logits.stride(0), out if rows is None else rows, bitmap, counts,
-              layout.vocab_size),
+              counter, layout.vocab_size),
              dict(HAS_ROWS=rows is not None, CHUNK=chunk, N_CHUNKS=n_chunks, num_warps=4))
     second = (_place_pass, grid,
               (bitmap, counts, out, counter, layout.width, layout.slots, layout.words,
-               layout.ids_offset, layout.bits_offset),
+               layout.ids_offset, layout.bits_offset, layout.max_size),
               dict(CHUNK=chunk, N_CHUNKS=n_chunks,
                    CHUNKS_P2=triton.next_power_of_2(n_chunks), GROUP=min(_GROUP, wpc),
                    PAD_BLOCK=256, COPY_BLOCK=1024, num_warps=4))
@@ -388,7 +391,6 @@ def _extract_triton(logits: torch.Tensor, rows: torch.Tensor | None, block: torc
                     layout: MaskLayout, chunk: int = KERNEL_CHUNK) -> None:
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
-    block[:1].zero_()
     if layout.rows == 0:
         return
     for kernel, grid, args, constexprs in _launches(logits, rows, block, layout, chunk):
@@ -512,7 +514,9 @@ def _extract_torch(logits: torch.Tensor, rows: torch.Tensor | None, block: torch
                                                              - counts)[row]
         fits = pos < width
         ids[r0 + row[fits], pos[fits]] = col[fits].to(torch.int32)
-        for r in torch.nonzero(counts > width).view(-1).tolist():
+        # rows wider than the size limit end with an error: they take no slot
+        for r in torch.nonzero((counts > width)
+                               & (counts <= layout.max_size)).view(-1).tolist():
             if next_slot < layout.slots:
                 meta[r0 + r, 1] = next_slot
                 bits[next_slot] = pack_bits(keep[r * vocab: (r + 1) * vocab])
