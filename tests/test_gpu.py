@@ -34,7 +34,7 @@ except ImportError:  # pragma: no cover
 
 pytestmark = pytest.mark.gpu
 VOCAB = 151936
-MAX_SPINS = 50_000_000      # a gate gives up after some seconds rather than hang
+MAX_SPINS = 10_000_000      # a gate gives up after some seconds rather than hang
 
 if triton is not None:
 

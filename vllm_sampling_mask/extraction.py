@@ -299,9 +299,10 @@ if triton is not None:
     @triton.jit(do_not_specialize=_PLACE_PASS_DNS)
     def _place_pass(bitmap_ptr, counts_ptr, out_ptr, counter_ptr, width, n_slots, words,
                     ids_offset, bits_offset, max_size, CHUNK: tl.constexpr, N_CHUNKS: tl.constexpr,
-                    CHUNKS_P2: tl.constexpr, GROUP: tl.constexpr, PAD_BLOCK: tl.constexpr,
+                    CHUNKS_P2: tl.constexpr, WPC: tl.constexpr, GROUP: tl.constexpr,
+                    N_GROUPS: tl.constexpr, PAD_BLOCK: tl.constexpr,
                     COPY_BLOCK: tl.constexpr):
-        WPC: tl.constexpr = CHUNK // 32
+        # WPC = CHUNK // 32 words per chunk, in N_GROUPS groups of GROUP words
         row = tl.program_id(0)
         chunk = tl.program_id(1)
         ci = tl.arange(0, CHUNKS_P2)
@@ -318,12 +319,12 @@ if triton is not None:
             # scan over words and over groups of GROUP words, in registers.
             wi_all = tl.arange(0, WPC)
             counts_w = _popcount(tl.load(row_bits + chunk * WPC + wi_all))
-            per_group = tl.sum(tl.reshape(counts_w, (WPC // GROUP, GROUP)), 1)
-            gi = tl.arange(0, WPC // GROUP)
+            per_group = tl.sum(tl.reshape(counts_w, (N_GROUPS, GROUP)), 1)
+            gi = tl.arange(0, N_GROUPS)
             group_base = base + tl.cumsum(per_group, 0) - per_group
             # Only the groups that hold kept ids placing any before W are expanded
             # (their words are re-read from cache): bits of zero words cost nothing.
-            for g in range(0, WPC // GROUP):
+            for g in range(0, N_GROUPS):
                 in_group = tl.sum(tl.where(gi == g, per_group, 0), 0)
                 start = tl.sum(tl.where(gi == g, group_base, 0), 0)
                 if (in_group > 0) & (start < width):
@@ -382,7 +383,8 @@ def _launches(logits: torch.Tensor, rows: torch.Tensor | None, block: torch.Tens
               (bitmap, counts, out, counter, layout.width, layout.slots, layout.words,
                layout.ids_offset, layout.bits_offset, layout.max_size),
               dict(CHUNK=chunk, N_CHUNKS=n_chunks,
-                   CHUNKS_P2=triton.next_power_of_2(n_chunks), GROUP=min(_GROUP, wpc),
+                   CHUNKS_P2=triton.next_power_of_2(n_chunks), WPC=wpc,
+                   GROUP=min(_GROUP, wpc), N_GROUPS=wpc // min(_GROUP, wpc),
                    PAD_BLOCK=256, COPY_BLOCK=1024, num_warps=4))
     return [first, second]
 
