@@ -4,8 +4,8 @@ On CUDA (one command, torch + Triton only, a few minutes on one GPU):
 
     python benchmarks/bench_extraction.py --upstream /tmp/up/w033/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
 
-for R in {64, 256, 1024}, V = 151,936, bf16 and fp32, top_k = 50 (and the
-other kinds with --kinds), side by side on the same logits:
+for R in {64, 256, 1024}, V = 151,936, bf16 and fp32, top_k = 50 and top-p
+only (p = 0.95, no top-k: the widest layout), side by side on the same logits:
 
   gpu-only   device time of the extraction alone: a device sleep is queued
              first, then the start event, the launches, the end event, so the
@@ -388,7 +388,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[64, 256, 1024])
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--kinds", nargs="+", default=None,
-                    help=f"of {KINDS}; default top_k=50 on CUDA, all on CPU")
+                    help=f"of {KINDS}; default top_k=50 and top_p=0.95 on CUDA, all on CPU")
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=list(DTYPES))
     ap.add_argument("--repeats", type=int, default=None,
                     help="default 30 on CUDA, 5 on CPU")
@@ -402,7 +402,7 @@ def main() -> None:
     args = ap.parse_args()
     cuda = torch.cuda.is_available() and not args.cpu_worker
     if args.kinds is None:
-        args.kinds = ["top_k=50"] if cuda else list(KINDS)
+        args.kinds = ["top_k=50", "top_p=0.95"] if cuda else list(KINDS)
     if args.repeats is None:
         args.repeats = 30 if cuda else 5
     if args.cpu_worker:
