@@ -183,9 +183,10 @@ def _compiled_variants() -> int:
 def test_no_compile_after_warm_up_across_batch_shapes():
     """After `warm_up`, batches of any size, top-k and row subset launch only
     variants that are already compiled (Triton's own kernel caches)."""
+    earlier = _compiled_variants()            # other tests may have compiled some
     warm_up("cuda", VOCAB, (torch.float32, torch.bfloat16))
     before = _compiled_variants()
-    assert 0 < before <= 5
+    assert before - earlier <= 5 and before > 0
     g = np.random.default_rng(0)
     logits = torch.randn(512, VOCAB, device="cuda")
     for dtype in (torch.float32, torch.bfloat16):
