@@ -315,27 +315,30 @@ if triton is not None:
         row_ids = out_ptr + ids_offset + row.to(tl.int64) * width
         shifts = tl.arange(0, 32)
         if (mine > 0) & (base < width):
-            # One load of the chunk's words; per-word counts and the exclusive
-            # scan over words and over groups of GROUP words, in registers.
-            wi_all = tl.arange(0, WPC)
-            counts_w = _popcount(tl.load(row_bits + chunk * WPC + wi_all))
-            per_group = tl.sum(tl.reshape(counts_w, (N_GROUPS, GROUP)), 1)
+            # One load of the chunk's words, bits counted per word (SWAR) and
+            # summed per group of GROUP words: `pending` has bit g set for each
+            # group g that holds kept ids. Only those groups are visited, in
+            # order, while ids still land before W (their words re-read from
+            # cache): zero words cost nothing, and the scans run over a group's
+            # words and each word's 32 bits, never over the chunk's bits.
             gi = tl.arange(0, N_GROUPS)
-            group_base = base + tl.cumsum(per_group, 0) - per_group
-            # Only the groups that hold kept ids placing any before W are expanded
-            # (their words are re-read from cache): bits of zero words cost nothing.
-            for g in range(0, N_GROUPS):
-                in_group = tl.sum(tl.where(gi == g, per_group, 0), 0)
-                start = tl.sum(tl.where(gi == g, group_base, 0), 0)
-                if (in_group > 0) & (start < width):
-                    wi = g * GROUP + tl.arange(0, GROUP)
-                    w = tl.load(row_bits + chunk * WPC + wi)
-                    bit = (w[:, None] >> shifts[None, :]) & 1
-                    per_word = tl.sum(bit, 1)
-                    pos = (start + tl.cumsum(per_word, 0) - per_word)[:, None] \
-                        + tl.cumsum(bit, 1) - bit
-                    ids = chunk * CHUNK + wi[:, None] * 32 + shifts[None, :]
-                    tl.store(row_ids + pos, ids, mask=(bit != 0) & (pos < width))
+            counts_w = _popcount(tl.load(row_bits + chunk * WPC + tl.arange(0, WPC)))
+            per_group = tl.sum(tl.reshape(counts_w, (N_GROUPS, GROUP)), 1)
+            pending = tl.sum(tl.where(per_group > 0, 1 << gi, 0), 0)
+            running = base
+            while (pending != 0) & (running < width):
+                lowest = pending & (0 - pending)
+                g = _popcount(lowest - 1)            # index of the lowest pending group
+                pending = pending ^ lowest
+                wi = g * GROUP + tl.arange(0, GROUP)
+                w = tl.load(row_bits + chunk * WPC + wi)
+                bit = (w[:, None] >> shifts[None, :]) & 1
+                per_word = tl.sum(bit, 1)
+                pos = (running + tl.cumsum(per_word, 0) - per_word)[:, None] \
+                    + tl.cumsum(bit, 1) - bit
+                ids = chunk * CHUNK + wi[:, None] * 32 + shifts[None, :]
+                tl.store(row_ids + pos, ids, mask=(bit != 0) & (pos < width))
+                running += tl.sum(per_word, 0)
         if chunk == 0:
             total = tl.sum(row_counts, 0)
             for pad in range(0, width, PAD_BLOCK):
@@ -369,6 +372,7 @@ def _launches(logits: torch.Tensor, rows: torch.Tensor | None, block: torch.Tens
     specialisation test look at: nothing else decides which variant runs."""
     n_chunks = triton.cdiv(layout.vocab_size, chunk)
     wpc = chunk // 32
+    group = max(min(_GROUP, wpc), wpc // 16)   # at most 16 groups: one int32 of flags
     scratch = torch.empty(layout.rows * n_chunks * (wpc + 1), dtype=torch.int32,
                           device=block.device)
     bitmap = scratch[: layout.rows * n_chunks * wpc]
@@ -384,7 +388,7 @@ def _launches(logits: torch.Tensor, rows: torch.Tensor | None, block: torch.Tens
                layout.ids_offset, layout.bits_offset, layout.max_size),
               dict(CHUNK=chunk, N_CHUNKS=n_chunks,
                    CHUNKS_P2=triton.next_power_of_2(n_chunks), WPC=wpc,
-                   GROUP=min(_GROUP, wpc), N_GROUPS=wpc // min(_GROUP, wpc),
+                   GROUP=group, N_GROUPS=wpc // group,
                    PAD_BLOCK=256, COPY_BLOCK=1024, num_warps=4))
     return [first, second]
 
