@@ -24,7 +24,9 @@ linear in `V / 8`. `slot` is -1 for a row that fits, -2 for a wide row that
 found every slot taken (the host turns that into a per-request error, never a
 truncated mask). There are a few spare slots when `W < N`, none when `W = N`.
 Nothing is read back from the device to size anything: device memory per step
-is at most `R x (N + 3)` int32 plus the spare slots' `V / 8` bytes each.
+is at most `R x (N + 3)` int32 plus the spare slots' `V / 8` bytes each (and,
+on the Triton path, a scratch of `R x V / 8` bytes of packed bits plus one
+int32 per 4096 logits, freed when the step's launches are done with it).
 
 Two implementations write the same block: the Triton kernel (two launches,
 `_chunk_pass` and `_place_pass`, each program one chunk of one row; each logit
