@@ -1,47 +1,68 @@
 """Mask extraction + device-to-host copy, at real vocabulary sizes, in one run.
 
-Shapes: R in {64, 256, 1024} rows, V = 151,936, and three kinds of processed
-logits: top_k = 50, top_k = 1024, and top-p only (p = 0.95 over sharper logits,
-no top-k: supports of one to two thousand ids, laid out at the full
---max-sampling-mask-size width of 4096).
+On CUDA (one command, torch + Triton only, a few minutes on one GPU):
 
-On CUDA: times the Triton kernel plus the pinned asynchronous copy (CUDA
-events, median of repeats) and prints the achieved bandwidth, (bytes of
-logits read + bytes written + bytes copied) / time, against the device's
-memory bandwidth (from its clock and bus width, or --peak-gbs).
+    python benchmarks/bench_extraction.py --upstream /tmp/up/w033/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
 
-On CPU: runs the same shapes through the torch path that CPU hosts use,
-side by side with the previous implementation (isfinite, an fp32 masked copy,
-a radix top-k and a sort, with the retained [R, V] bool mask for wide rows),
-and prints time and peak extra memory of each (each variant in its own
-subprocess; peak = VmHWM after the logits exist, reset through
-/proc/self/clear_refs) and their ratios.
+for R in {64, 256, 1024}, V = 151,936, bf16 and fp32, top_k = 50 and top-p
+only (p = 0.95, no top-k: the widest layout), side by side on the same logits:
 
-Needs torch (and Triton on CUDA); no vLLM.
+  gpu-only   device time of the extraction alone: a device sleep is queued
+             first, then the start event, the launches, the end event, so the
+             host's launch work is hidden behind the sleep (median of repeats)
+  enqueue    host wall time to issue the step (layout planning + launches)
+  e2e        host wall time from issuing the step to the decoded host masks
+             (pinned asynchronous copy, then the host decode)
+  one read   gpu-only time of `logits.amax(-1)`: reading the logits once, the floor
 
-    python benchmarks/bench_extraction.py                  # every shape
-    python benchmarks/bench_extraction.py --rows 256 --kinds top_k=50
+for this project's kernel and for vLLM 0.33's `_compact_sampling_mask_kernel`
+(with its `SamplingMaskTensors.from_logits` / `tolists`). The upstream code is
+NOT in this repository: `--upstream` names a vLLM 0.33.0 wheel, its extracted
+tree, or its `vllm/v1/worker/gpu/sample/output.py`; at run time the kernel
+and that class are cut out of the source (ast) into a temporary module with
+shims for the two vLLM imports (`triton`/`tl`, and `SamplingMaskLists` as a
+plain tuple). Without `--upstream`, or if the source cannot be cut, that
+column is skipped with the reason.
+
+On CPU (no GPU timings are possible there):
+
+  host       host planning of one step (`plan_step`: row selection + layout)
+             at R = 64 / 256 / 1024 / 4096: must stay flat in R
+  pickle     bytes of the pickled `StepMasks` (what crosses processes in
+             ModelRunnerOutput) against the padded [R, W] form it replaced
+  torch      the torch path CPU hosts use vs the previous implementation (time
+             and peak extra memory, each in its own subprocess)
+
+    python benchmarks/bench_extraction.py --cpu-sections host pickle
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib.util
 import json
 import os
+import pickle
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+import zipfile
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from vllm_sampling_mask.extraction import extract_support, plan_layout  # noqa: E402
-from vllm_sampling_mask.transport import MaskCopy, PinnedPool  # noqa: E402
+from vllm_sampling_mask.extraction import (extract_selected, extract_support,  # noqa: E402
+                                           plan_layout, plan_step, warm_up)
+from vllm_sampling_mask.transport import MaskCopy, PinnedPool, decode  # noqa: E402
 
 KINDS = ("top_k=50", "top_k=1024", "top_p=0.95")
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+UPSTREAM_FILE = "vllm/v1/worker/gpu/sample/output.py"
 
 
 def processed_logits(rows: int, vocab: int, kind: str, device) -> tuple[torch.Tensor, list]:
@@ -61,6 +82,76 @@ def processed_logits(rows: int, vocab: int, kind: str, device) -> tuple[torch.Te
         drop = idx[(cum - srt.softmax(-1)) > p]
         x[r, drop] = float("-inf")
     return x, [vocab] * rows
+
+
+# -- vLLM 0.33's kernel, loaded at run time ------------------------------------
+
+_SHIMS = '''from __future__ import annotations
+from collections.abc import Sequence
+from typing import NamedTuple
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+
+class SamplingMaskLists(NamedTuple):   # shim for vllm.v1.outputs.SamplingMaskLists
+    ids: object
+    offsets: object
+    cu_num_generated_tokens: object
+'''
+
+
+def load_upstream(path: str | None):
+    """(module, None) with `_compact_sampling_mask_kernel` and
+    `SamplingMaskTensors` from vLLM's own source, or (None, why not)."""
+    if not path:
+        return None, "no --upstream given (a vLLM 0.33.0 wheel or its output.py)"
+    try:
+        if path.endswith(".whl"):
+            with zipfile.ZipFile(path) as wheel:
+                source = wheel.read(UPSTREAM_FILE).decode()
+        elif os.path.isdir(path):
+            with open(os.path.join(path, UPSTREAM_FILE)) as f:
+                source = f.read()
+        else:
+            with open(path) as f:
+                source = f.read()
+    except (OSError, KeyError, zipfile.BadZipFile) as e:
+        return None, f"cannot read {UPSTREAM_FILE} from {path}: {e}"
+    lines = source.splitlines()
+    wanted = {"_compact_sampling_mask_kernel", "SamplingMaskTensors", "MAX_COMPACT_SUPPORT"}
+    pieces, found = [], set()
+    for node in ast.parse(source).body:
+        names = ({node.name} if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
+                 {t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)})
+        if names & wanted:
+            first = min([node.lineno] + [d.lineno for d in
+                                         getattr(node, "decorator_list", [])])
+            pieces.append("\n".join(lines[first - 1: node.end_lineno]))
+            found |= names & wanted
+    if found != wanted:
+        return None, f"{path}: did not find {sorted(wanted - found)} (another vLLM version?)"
+    # A real file: Triton's JIT reads its kernels' source back from disk.
+    where = os.path.join(tempfile.mkdtemp(prefix="upstream_vllm_"), "upstream_output.py")
+    with open(where, "w") as f:
+        f.write(_SHIMS + "\n\n" + "\n\n\n".join(pieces) + "\n")
+    spec = importlib.util.spec_from_file_location("upstream_output", where)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - reported, the column is skipped
+        return None, f"cannot load the upstream kernel from {path}: {e!r}"
+    return module, None
+
+
+def upstream_rows(module, logits, top_k):
+    """Upstream's step: from_logits (kernel), then the arguments it needs."""
+    rows = logits.shape[0]
+    cu = torch.arange(rows, dtype=torch.int32, device=logits.device)
+    ones = torch.ones(rows, dtype=torch.int32, device=logits.device)
+    width = int(max(top_k))   # its max_num_kept: the batch's largest top-k (capped inside)
+    return lambda: module.SamplingMaskTensors.from_logits(logits, cu, ones, width)
 
 
 # -- the previous implementation (kept here as the CPU baseline) --------------
@@ -90,7 +181,7 @@ def new_extract_and_read(logits: torch.Tensor, top_k: list):
     return [host.row(r) for r in range(len(top_k))]
 
 
-# -- CPU: one variant per subprocess, for a clean peak-memory reading ---------
+# -- CPU ------------------------------------------------------------------------
 
 def _vm_hwm_bytes() -> int:
     with open("/proc/self/status") as f:
@@ -119,7 +210,7 @@ def cpu_worker(variant: str, rows: int, vocab: int, kind: str, repeats: int) -> 
                                   "mean_support": float(np.mean(sizes))}), flush=True)
 
 
-def run_cpu(args) -> None:
+def run_cpu_torch(args) -> None:
     print(f"CPU, torch path vs previous implementation; median of {args.repeats}, "
           "peak extra memory over the logits")
     print(f"{'R':>5} {'kind':>11} {'support':>8} | {'previous':>9} {'new':>9} {'ratio':>6} "
@@ -132,7 +223,7 @@ def run_cpu(args) -> None:
                        str(rows), "--kinds", kind, "--vocab", str(args.vocab),
                        "--repeats", str(args.repeats)]
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-                line = next(l for l in out.splitlines() if l.startswith("RESULT "))
+                line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
                 res[variant] = json.loads(line[len("RESULT "):])
             p, n = res["previous"], res["new"]
             print(f"{rows:>5} {kind:>11} {n['mean_support']:>8.0f} | "
@@ -141,80 +232,187 @@ def run_cpu(args) -> None:
                   f"{n['peak'] / n['logits_bytes']:>14.3f}", flush=True)
 
 
-# -- CUDA ---------------------------------------------------------------------
+def run_host(args) -> None:
+    """Host planning of one step, as the sampler runs it (no device work)."""
+    print("host planning per step (plan_step: row selection + layout), median of 200")
+    print(f"{'R':>5} {'all rows':>10} {'subset':>10}")
+    g = np.random.default_rng(0)
+    for rows in (64, 256, 1024, 4096):
+        top_k = g.choice([20, 50, 100], rows)
+        res = []
+        for wanted in (np.ones(rows, bool), g.random(rows) < 0.7):
+            times = []
+            for _ in range(200):
+                t0 = time.perf_counter()
+                plan_step(top_k, wanted, args.vocab, max_size=4096)
+                times.append(time.perf_counter() - t0)
+            res.append(statistics.median(times))
+        print(f"{rows:>5} {res[0] * 1e6:>8.1f}us {res[1] * 1e6:>8.1f}us", flush=True)
 
-def device_bandwidth_gbs(args) -> float:
-    if args.peak_gbs:
-        return args.peak_gbs
+
+def run_pickle(args) -> None:
+    """Pickled bytes of one step's StepMasks, flat (now) vs padded (before)."""
+    print("pickled StepMasks per step (crosses processes under TP/PP)")
+    print(f"{'R':>5} {'kind':>11} {'W':>5} | {'padded [R,W]':>12} {'flat':>10} {'ratio':>6}")
+    for rows, kind in ((256, "top_k=50"), (256, "top_p=0.95")):
+        logits, top_k = processed_logits(rows, args.vocab, kind, "cpu")
+        layout = plan_layout(top_k, args.vocab)
+        mask = extract_support(logits, layout)
+        block = mask.block.numpy()
+        host = decode(block, layout, mask.row_of(), np.ones(rows))
+        meta, ids, _ = layout.views(block)
+        before = pickle.dumps((host.row_of, host.counts, ids.copy(), {}, host.lost,
+                               host.max_size))      # the fields of the padded form
+        after = pickle.dumps(host)
+        print(f"{rows:>5} {kind:>11} {layout.width:>5} | {len(before):>12,} "
+              f"{len(after):>10,} {len(after) / len(before):>6.3f}", flush=True)
+
+
+# -- CUDA -------------------------------------------------------------------------
+
+def _sleep_cycles(seconds: float) -> int:
     props = torch.cuda.get_device_properties(0)
-    clock_khz = getattr(props, "memory_clock_rate", 0)
-    bus_bits = getattr(props, "memory_bus_width", 0)
-    if clock_khz and bus_bits:
-        return 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9
-    return float("nan")
+    khz = getattr(props, "clock_rate", 0) or 2_000_000
+    return int(seconds * khz * 1e3)
+
+
+def gpu_only(fn, repeats: int, sleep_cycles: int) -> float:
+    """Median device time of fn's launches, with the host's launch work hidden
+    behind a device sleep queued before the start event."""
+    times = []
+    for _ in range(repeats):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(sleep_cycles)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)   # us
+    return statistics.median(times)
+
+
+def host_enqueue(fn, repeats: int, sleep_cycles: int) -> float:
+    """Median host wall time to issue fn (the device busy with a sleep, so a
+    launch never waits for a free queue slot... nor for the device)."""
+    times = []
+    for _ in range(repeats):
+        torch.cuda._sleep(sleep_cycles)
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def end_to_end(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
 
 
 def run_cuda(args) -> None:
-    peak = device_bandwidth_gbs(args)
-    pool = PinnedPool()
-    copy_stream = torch.cuda.Stream()
-    print(f"CUDA {torch.cuda.get_device_name(0)}, memory bandwidth ~{peak:.0f} GB/s; "
-          f"median of {args.repeats}")
-    print(f"{'R':>5} {'kind':>11} {'support':>8} | {'kernel+copy':>11} {'GB/s':>7} "
-          f"{'of peak':>7} | {'copied':>9}")
+    upstream, why = load_upstream(args.upstream)
+    if upstream is None:
+        print(f"upstream column skipped: {why}")
+    cycles = _sleep_cycles(args.sleep_ms / 1e3)
+    pool, copy_stream = PinnedPool(), torch.cuda.Stream()
+    main = torch.cuda.current_stream()
+    print(f"CUDA {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+          f"V = {args.vocab}; median of {args.repeats}; times in us; "
+          f"gpu-only behind a {args.sleep_ms} ms device sleep")
+    head = (f"{'R':>5} {'dtype':>5} {'kind':>11} | {'one read':>8} | {'ours gpu':>8} "
+            f"{'x read':>6} {'enqueue':>8} {'e2e':>8} {'MB':>6} | {'up gpu':>8} "
+            f"{'x read':>6} {'enqueue':>8} {'e2e':>8} {'MB':>6}")
+    print(head)
+    warm_up("cuda", args.vocab, tuple(DTYPES[d] for d in args.dtypes))
     for rows in args.rows:
-        for kind in args.kinds:
-            logits, top_k = processed_logits(rows, args.vocab, kind, "cuda")
-            main = torch.cuda.current_stream()
+        for dname in args.dtypes:
+            for kind in args.kinds:
+                base, top_k = processed_logits(rows, args.vocab, kind, "cuda")
+                logits = base.to(DTYPES[dname])
+                del base
+                top_k = np.asarray(top_k)
+                wanted = np.ones(rows, bool)
+                ones = np.ones(rows)
 
-            def step():
-                layout = plan_layout(top_k, args.vocab)
-                mask = extract_support(logits, layout)
-                with torch.cuda.stream(copy_stream):
-                    copy_stream.wait_stream(main)
-                    copy = MaskCopy(mask, pool)
-                    done = torch.cuda.Event()
-                    done.record(copy_stream)
-                return layout, copy, done
+                def ours():
+                    return extract_selected(logits, top_k, wanted, max_size=4096)
 
-            for _ in range(3):
-                _, copy, done = step()
-                done.synchronize()
-                host = copy.result(np.ones(rows))
-            times = []
-            for _ in range(args.repeats):
-                start = torch.cuda.Event(enable_timing=True)
-                start.record(main)
-                layout, copy, done = step()
-                done.synchronize()
-                times.append(start.elapsed_time(done) / 1e3)
-                host = copy.result(np.ones(rows))
-            t = statistics.median(times)
-            wide_rows = len(host.wide)
-            moved = (logits.numel() * logits.element_size()             # read once
-                     + 2 * (layout.bits_offset + wide_rows * layout.words) * 4)  # write + copy
-            support = np.mean([len(host.row(r)) for r in range(rows)])
-            print(f"{rows:>5} {kind:>11} {support:>8.0f} | {t * 1e6:>9.1f}us "
-                  f"{moved / t / 1e9:>7.0f} {moved / t / 1e9 / peak:>7.1%} | "
-                  f"{layout.numel * 4 / 1e6:>7.2f}MB", flush=True)
+                def ours_e2e():
+                    mask = ours()
+                    with torch.cuda.stream(copy_stream):
+                        copy_stream.wait_stream(main)
+                        copy = MaskCopy(mask, pool, record_event=True)
+                    return copy.result(ones)
+
+                read = gpu_only(lambda: logits.amax(-1), args.repeats, cycles)
+                ours_e2e()                                      # warm (pool, caches)
+                o_gpu = gpu_only(ours, args.repeats, cycles)
+                o_enq = host_enqueue(ours, args.repeats, cycles)
+                o_e2e = end_to_end(ours_e2e, args.repeats)
+                o_mb = ours().layout.numel * 4 / 1e6
+                line = (f"{rows:>5} {dname:>5} {kind:>11} | {read:>8.1f} | {o_gpu:>8.1f} "
+                        f"{o_gpu / read:>6.2f} {o_enq:>8.1f} {o_e2e:>8.1f} {o_mb:>6.2f} |")
+                if upstream is not None:
+                    up = upstream_rows(upstream, logits, top_k)
+
+                    def up_e2e():
+                        host = up().to_cpu_nonblocking()
+                        done = torch.cuda.Event()
+                        done.record()
+                        done.synchronize()
+                        return host.tolists()
+
+                    t = up()
+                    u_mb = (t.token_ids.numel() * 4 + t.packed_mask.numel()
+                            + t.counts.numel() * 4) / 1e6
+                    up_e2e()
+                    u_gpu = gpu_only(up, args.repeats, cycles)
+                    u_enq = host_enqueue(up, args.repeats, cycles)
+                    u_e2e = end_to_end(up_e2e, args.repeats)
+                    line += (f" {u_gpu:>8.1f} {u_gpu / read:>6.2f} {u_enq:>8.1f} "
+                             f"{u_e2e:>8.1f} {u_mb:>6.2f}")
+                else:
+                    line += "  (skipped)"
+                print(line, flush=True)
+                del logits
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[64, 256, 1024])
     ap.add_argument("--vocab", type=int, default=151936)
-    ap.add_argument("--kinds", nargs="+", default=list(KINDS))
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--peak-gbs", type=float, default=None,
-                    help="device memory bandwidth, if the driver does not report it")
+    ap.add_argument("--kinds", nargs="+", default=None,
+                    help=f"of {KINDS}; default top_k=50 and top_p=0.95 on CUDA, all on CPU")
+    ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=list(DTYPES))
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="default 30 on CUDA, 5 on CPU")
+    ap.add_argument("--sleep-ms", type=float, default=2.0,
+                    help="device sleep queued before each gpu-only measurement")
+    ap.add_argument("--upstream", default=None,
+                    help="vLLM 0.33.0 wheel, its extracted tree, or its " + UPSTREAM_FILE)
+    ap.add_argument("--cpu-sections", nargs="+", default=["host", "pickle", "torch"],
+                    choices=["host", "pickle", "torch"])
     ap.add_argument("--cpu-worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    cuda = torch.cuda.is_available() and not args.cpu_worker
+    if args.kinds is None:
+        args.kinds = ["top_k=50", "top_p=0.95"] if cuda else list(KINDS)
+    if args.repeats is None:
+        args.repeats = 30 if cuda else 5
     if args.cpu_worker:
         cpu_worker(args.cpu_worker, args.rows[0], args.vocab, args.kinds[0], args.repeats)
-    elif torch.cuda.is_available():
+    elif cuda:
         run_cuda(args)
     else:
-        run_cpu(args)
+        print("no CUDA device: GPU timings cannot be measured here; CPU sections only")
+        for section in args.cpu_sections:
+            {"host": run_host, "pickle": run_pickle, "torch": run_cpu_torch}[section](args)
 
 
 if __name__ == "__main__":

@@ -56,11 +56,33 @@ def _host(logits, top_k, num_sampled=None, **layout_kwargs):
 
 def test_extract_support_equals_isfinite_rows():
     logits = _processed()
-    host = _host(logits, [5] * 6)
+    layout = plan_layout([5] * 6, logits.shape[1])
+    mask = extract_support(logits, layout)
+    _, padded, _ = layout.views(mask.block.numpy())
+    host = MaskCopy(mask, pool=None).result(np.ones(6))
     for r in range(logits.shape[0]):
         want = torch.nonzero(torch.isfinite(logits[r])).view(-1).tolist()
         assert host.row(r).tolist() == want
-        assert (host.ids[r, host.counts[r]:] == -1).all()
+        assert (padded[r, host.counts[r]:] == -1).all()
+
+
+def test_step_masks_cross_processes_flat_not_padded():
+    """What rides in ModelRunnerOutput is the flat ids + offsets: its pickle
+    grows with the supports, not with R x W (W = the size limit here)."""
+    import pickle
+    vocab = 5000
+    logits = torch.full((64, vocab), float("-inf"))
+    logits[:, :3] = 0.0                       # three ids per row...
+    logits[7, 100:400:3] = 1.0                # ...and one row of 103
+    host = _host(logits, [vocab] * 64)        # no top-k: W = DEFAULT_MAX_SIZE
+    assert host.width == DEFAULT_MAX_SIZE
+    assert host.ids.shape == (63 * 3 + 103,) and host.offsets[-1] == 63 * 3 + 103
+    back = pickle.loads(pickle.dumps(host))
+    assert len(pickle.dumps(host)) < 64 * 3 * 4 + 103 * 4 + 64 * 12 + 4096
+    for r in range(64):
+        assert back.row(r).tolist() == torch.nonzero(
+            torch.isfinite(logits[r])).view(-1).tolist()
+        assert back.problem(r, 0) is None
 
 
 TIE_MARGIN = DEFAULT_SETTINGS.tie_margin
@@ -215,26 +237,32 @@ def test_request_rules():
     assert problem[0] == "return_sampling_mask" and "--return-sampling-mask" in problem[1]
 
 
-def test_mask_copy_holds_the_device_block_until_it_is_read():
-    """The copy stream reads the block after the sampler's references are gone:
-    `MaskCopy` must keep it alive until `result`, and let it go after."""
+def test_mask_copy_lets_the_block_go_once_read_and_owns_what_it_returns():
+    """(The device-side half, that a copy keeps its block alive until `result`
+    while the main stream reuses memory, is a CUDA test in test_gpu.py: on CPU
+    the host view is the block itself.) Here: once read, a copy drops every
+    reference to the block (it can be reused), and what it returned does not
+    alias the block (a reused block cannot change a decoded mask)."""
     import gc
     import weakref
     logits = _processed(rows=4)
-    mask = extract_support(logits, plan_layout([5] * 4, logits.shape[1]))
-    block = weakref.ref(mask.block)
-    copies = [MaskCopy(mask, pool=None)]
-    del mask
+    want = [torch.nonzero(torch.isfinite(logits[r])).view(-1).tolist() for r in range(4)]
+    copies = []
+    for _ in range(4):                        # several steps in flight, read in order
+        mask = extract_support(logits, plan_layout([5] * 4, logits.shape[1]))
+        copies.append((MaskCopy(mask, pool=None), mask.block, weakref.ref(mask.block)))
+        del mask
+    results = []
+    for copy, block, _ in copies:
+        results.append(copy.result(np.ones(4)))
+        block.fill_(7)                        # the block is reused after the read
+    for host in results:
+        assert [host.row(r).tolist() for r in range(4)] == want
+        assert host.counts.tolist() == [len(w) for w in want]
+    del block
+    copies = [ref for _, _, ref in copies]
     gc.collect()
-    assert block() is not None
-    for _ in range(3):                        # more steps in flight, resolved in order
-        copies.append(MaskCopy(extract_support(
-            logits, plan_layout([5] * 4, logits.shape[1])), pool=None))
-    for copy in copies:
-        assert copy.result(np.ones(4)).row(0).tolist() == \
-            torch.nonzero(torch.isfinite(logits[0])).view(-1).tolist()
-    gc.collect()
-    assert block() is None
+    assert all(ref() is None for ref in copies)
 
 
 def test_wide_rows_unpack_in_linear_time_from_their_crossing_word():

@@ -24,10 +24,13 @@ linear in `V / 8`. `slot` is -1 for a row that fits, -2 for a wide row that
 found every slot taken (the host turns that into a per-request error, never a
 truncated mask). There are a few spare slots when `W < N`, none when `W = N`.
 Nothing is read back from the device to size anything: device memory per step
-is at most `R x (N + 3)` int32 plus the spare slots' `V / 8` bytes each.
+is at most `R x (N + 3)` int32 plus the spare slots' `V / 8` bytes each (and,
+on the Triton path, a scratch of `R x V / 8` bytes of packed bits plus one
+int32 per 4096 logits, freed when the step's launches are done with it).
 
-Two implementations write the same block: `_support_kernel` (Triton; one
-program per row, each logit read once, no `[R, V]` temporaries) and
+Two implementations write the same block: the Triton kernel (two launches,
+`_chunk_pass` and `_place_pass`, each program one chunk of one row; each logit
+read once; the only temporary a packed `[R, V / 8]`-byte bitmap) and
 `_extract_torch` (devices without Triton, and CPU hosts, where it runs chunks
 of rows so its temporaries stay small). Slot numbers may differ between them
 (the kernel claims slots with an atomic); the decoded supports may not.
@@ -35,6 +38,7 @@ of rows so its temporaries stay small). Slot numbers may differ between them
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +74,9 @@ class ExtractionSettings:
     # mask and the kept indices of one chunk) whatever the batch, while keeping
     # the number of vocabulary-wide operations per step small.
     chunk_elements: int = 1 << 22
+    # Logits per program of the Triton kernel (a power of two, >= 128). Tests
+    # take a small one so a short row spans several chunks.
+    kernel_chunk: int = 4096
 
 
 DEFAULT_SETTINGS = ExtractionSettings()
@@ -118,12 +125,17 @@ def plan_layout(top_k, vocab_size: int, *, max_size: int = DEFAULT_MAX_SIZE,
     `worst_case` (the memory-profiling run) takes the largest layout a step of
     that many rows can use.
     """
-    rows = len(top_k)
+    k = np.asarray(top_k, dtype=np.int64).reshape(-1)   # no per-row Python
+    rows = k.size
     cap = max(1, min(max_size, vocab_size))
     if worst_case:
         return MaskLayout(rows, cap, 0, vocab_size, max_size)
-    bounded = [int(k) for k in top_k if 0 < int(k) < vocab_size]
-    widest = vocab_size if len(bounded) < rows else max(bounded, default=1)
+    if rows == 0:
+        widest = 1
+    elif ((k > 0) & (k < vocab_size)).all():
+        widest = int(k.max())
+    else:
+        widest = vocab_size   # a row without top-k
     width = max(1, min(cap, widest + settings.tie_margin))
     slots = min(rows, settings.spare_wide_slots) if width < cap else 0
     return MaskLayout(rows, width, slots, vocab_size, max_size)
@@ -172,13 +184,15 @@ def extract_support(processed_logits: torch.Tensor, layout: MaskLayout,
         source = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int32))
         if device.type != "cpu":
             source = source.pin_memory().to(device, non_blocking=True)
-    block = torch.empty(layout.numel + 1, dtype=torch.int32, device=device)
-    # The last entry is the kernel's slot counter; the block proper excludes it.
+    block = torch.empty(HEADER + layout.numel, dtype=torch.int32, device=device)
+    # The header's first entry is the kernel's slot counter; the block proper
+    # starts after it, 16-byte aligned.
     if use_triton:
-        _extract_triton(processed_logits, source, block, layout)
+        _extract_triton(processed_logits, source, block, layout, settings.kernel_chunk)
     else:
-        _extract_torch(processed_logits, source, block, layout, settings.chunk_elements)
-    return DeviceMask(block=block[: layout.numel], layout=layout, batch_rows=batch_rows,
+        _extract_torch(processed_logits, source, block[HEADER:], layout,
+                       settings.chunk_elements)
+    return DeviceMask(block=block[HEADER:], layout=layout, batch_rows=batch_rows,
                       rows=None if rows is None else np.asarray(rows))
 
 
@@ -189,83 +203,262 @@ def no_rows(batch_rows: int, device) -> DeviceMask:
                       rows=np.zeros(0, dtype=np.int64))
 
 
+def plan_step(top_k: np.ndarray, wanted: np.ndarray, vocab_size: int, *, max_size: int,
+              worst_case: bool = False, settings: ExtractionSettings = DEFAULT_SETTINGS):
+    """The host work of one step before any launch: (layout, rows), rows None
+    for all; layout None when no row wants a mask. Vectorised: its cost does
+    not grow with a Python loop over the batch."""
+    wanted = np.asarray(wanted, dtype=bool)
+    if not worst_case and not wanted.any():
+        return None, None
+    rows = None if worst_case or wanted.all() else np.flatnonzero(wanted)
+    top_k = np.asarray(top_k)
+    layout = plan_layout(top_k if rows is None else top_k[rows], vocab_size,
+                         max_size=max_size, worst_case=worst_case, settings=settings)
+    return layout, rows
+
+
 def extract_selected(processed_logits: torch.Tensor, top_k: np.ndarray,
                      wanted: np.ndarray, *, max_size: int, worst_case: bool = False,
                      settings: ExtractionSettings = DEFAULT_SETTINGS) -> DeviceMask:
     """The sampler's entry: extract the batch rows that want a mask (`wanted`,
     a host bool per row), laid out from their host-side `top_k`. The
     memory-profiling run (`worst_case`) extracts every row at the widest."""
-    vocab = processed_logits.shape[1]
-    if not worst_case and not wanted.any():
+    layout, rows = plan_step(top_k, wanted, processed_logits.shape[1], max_size=max_size,
+                             worst_case=worst_case, settings=settings)
+    if layout is None:
         return no_rows(len(wanted), processed_logits.device)
-    rows = None if worst_case or wanted.all() else np.flatnonzero(wanted)
-    layout = plan_layout(top_k if rows is None else top_k[rows], vocab, max_size=max_size,
-                         worst_case=worst_case, settings=settings)
     return extract_support(processed_logits, layout, rows, settings=settings)
 
 
 # -- Triton ------------------------------------------------------------------
+#
+# Two launches, each program working on one chunk (`CHUNK` logits) of one row,
+# grid (R, V / CHUNK):
+#
+#   `_chunk_pass`  reads each logit once and writes the chunk's count of finite
+#                  ids and its packed finite bitmap (CHUNK / 32 int32 words) to a
+#                  scratch of R x V / 8 bytes: the only temporary.
+#   `_place_pass`  scans the row's chunk counts (a few dozen ints) for the
+#                  chunk's first output position, then places ids only from the
+#                  words of the chunk that hold kept ids (groups of GROUP words
+#                  that are all zero are skipped; ranks within a word come from
+#                  a 32-wide scan of that word's bits, positions across words
+#                  from a scan over words, never over the chunk's bits). Chunks
+#                  whose first position is past W do nothing. The program of
+#                  chunk 0 writes the row's meta, pads its ids with -1 and, for a
+#                  row wider than W, claims a slot and copies the row's bitmap
+#                  words from the chunk where it crossed W onwards.
+#
+# The sizes that change with the batch (width, slots, offsets into the block)
+# are `do_not_specialize`, and every pointer is 16-byte aligned by
+# construction (fresh allocations; the slot counter sits in a 4-int header in
+# front of the block, zeroed by the first pass: no memset launch), so the set of compiled variants depends only on the
+# engine (logits dtype, vocabulary, row stride) and on whether a row subset is
+# extracted: `warm_up` compiles all of them at start-up.
+
+HEADER = 4          # int32 entries in front of the block: [0] is the slot counter
+KERNEL_CHUNK = 4096  # logits per program
+_GROUP = 8           # bitmap words looked at together when placing ids
+
+_CHUNK_PASS_DNS = ()
+_PLACE_PASS_DNS = ("width", "n_slots", "ids_offset", "bits_offset", "max_size")
 
 if triton is not None:
 
     @triton.jit
-    def _support_kernel(logits_ptr, logits_stride, rows_ptr, out_ptr, counter_ptr,
-                        vocab_size, width, n_slots, words, ids_offset, bits_offset,
-                        HAS_ROWS: tl.constexpr, BLOCK: tl.constexpr,
-                        PAD_BLOCK: tl.constexpr):
+    def _chunk_pass(logits_ptr, logits_stride, rows_ptr, bitmap_ptr, counts_ptr, counter_ptr,
+                    vocab_size, HAS_ROWS: tl.constexpr, CHUNK: tl.constexpr,
+                    N_CHUNKS: tl.constexpr):
         row = tl.program_id(0)
+        chunk = tl.program_id(1)
+        if (row == 0) & (chunk == 0):
+            tl.store(counter_ptr, 0)   # the slot counter, for the place pass (no memset)
         if HAS_ROWS:
             source = tl.load(rows_ptr + row)
         else:
             source = row
-        row_logits = logits_ptr + source.to(tl.int64) * logits_stride
-        row_ids = out_ptr + ids_offset + row * width
-        count = tl.zeros((), dtype=tl.int32)
-        slot = tl.full((), -1, dtype=tl.int32)  # NOT_WIDE
-        start_word = tl.zeros((), dtype=tl.int32)
-        lanes = tl.arange(0, BLOCK)
+        offs = chunk * CHUNK + tl.arange(0, CHUNK)
+        x = tl.load(logits_ptr + source.to(tl.int64) * logits_stride + offs,
+                    mask=offs < vocab_size, other=float("-inf")).to(tl.float32)
+        k = ((x > float("-inf")) & (x < float("inf"))).to(tl.int32)  # NaN fails both
+        at = row.to(tl.int64) * N_CHUNKS + chunk
+        tl.store(counts_ptr + at, tl.sum(k, 0))
+        packed = tl.sum(tl.reshape(k, (CHUNK // 32, 32)) << tl.arange(0, 32)[None, :], 1)
+        tl.store(bitmap_ptr + at * (CHUNK // 32) + tl.arange(0, CHUNK // 32), packed)
+
+    @triton.jit
+    def _popcount(words):
+        """Set bits of each int32 word (SWAR, on the words as uint32)."""
+        x = words.to(tl.uint32, bitcast=True)
+        x = x - ((x >> 1) & 0x55555555)
+        x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+        x = (x + (x >> 4)) & 0x0F0F0F0F
+        x = x + (x >> 8)
+        x = x + (x >> 16)
+        return (x & 0x3F).to(tl.int32)
+
+    @triton.jit(do_not_specialize=_PLACE_PASS_DNS)
+    def _place_pass(bitmap_ptr, counts_ptr, out_ptr, counter_ptr, width, n_slots, words,
+                    ids_offset, bits_offset, max_size, CHUNK: tl.constexpr, N_CHUNKS: tl.constexpr,
+                    CHUNKS_P2: tl.constexpr, WPC: tl.constexpr, GROUP: tl.constexpr,
+                    N_GROUPS: tl.constexpr, PAD_BLOCK: tl.constexpr,
+                    COPY_BLOCK: tl.constexpr):
+        # WPC = CHUNK // 32 words per chunk, in N_GROUPS groups of GROUP words
+        row = tl.program_id(0)
+        chunk = tl.program_id(1)
+        ci = tl.arange(0, CHUNKS_P2)
+        row_counts = tl.load(counts_ptr + row.to(tl.int64) * N_CHUNKS + ci,
+                             mask=ci < N_CHUNKS, other=0)
+        inclusive = tl.cumsum(row_counts, 0)
+        mine = tl.sum(tl.where(ci == chunk, row_counts, 0), 0)
+        base = tl.sum(tl.where(ci == chunk, inclusive, 0), 0) - mine
+        row_bits = bitmap_ptr + row.to(tl.int64) * (N_CHUNKS * WPC)
+        row_ids = out_ptr + ids_offset + row.to(tl.int64) * width
         shifts = tl.arange(0, 32)
-        for start in range(0, vocab_size, BLOCK):
-            offs = start + lanes
-            x = tl.load(row_logits + offs, mask=offs < vocab_size,
-                        other=float("-inf")).to(tl.float32)
-            keep = (x > float("-inf")) & (x < float("inf"))  # NaN fails both
-            k = keep.to(tl.int32)
-            pos = count + tl.cumsum(k, 0) - 1
-            tl.store(row_ids + pos, offs, mask=keep & (pos < width))
-            new_count = count + tl.sum(k, 0)
-            if (count <= width) & (new_count > width):  # this block holds id W + 1
+        if (mine > 0) & (base < width):
+            # One load of the chunk's words, bits counted per word (SWAR) and
+            # summed per group of GROUP words: `pending` has bit g set for each
+            # group g that holds kept ids. Only those groups are visited, in
+            # order, while ids still land before W (their words re-read from
+            # cache): zero words cost nothing, and the scans run over a group's
+            # words and each word's 32 bits, never over the chunk's bits.
+            gi = tl.arange(0, N_GROUPS)
+            counts_w = _popcount(tl.load(row_bits + chunk * WPC + tl.arange(0, WPC)))
+            per_group = tl.sum(tl.reshape(counts_w, (N_GROUPS, GROUP)), 1)
+            pending = tl.sum(tl.where(per_group > 0, 1 << gi, 0), 0)
+            running = base
+            while (pending != 0) & (running < width):
+                lowest = pending & (0 - pending)
+                g = _popcount(lowest - 1)            # index of the lowest pending group
+                pending = pending ^ lowest
+                wi = g * GROUP + tl.arange(0, GROUP)
+                w = tl.load(row_bits + chunk * WPC + wi)
+                bit = (w[:, None] >> shifts[None, :]) & 1
+                per_word = tl.sum(bit, 1)
+                pos = (running + tl.cumsum(per_word, 0) - per_word)[:, None] \
+                    + tl.cumsum(bit, 1) - bit
+                ids = chunk * CHUNK + wi[:, None] * 32 + shifts[None, :]
+                tl.store(row_ids + pos, ids, mask=(bit != 0) & (pos < width))
+                running += tl.sum(per_word, 0)
+        if chunk == 0:
+            total = tl.sum(row_counts, 0)
+            for pad in range(0, width, PAD_BLOCK):
+                offs = pad + tl.arange(0, PAD_BLOCK)
+                tl.store(row_ids + offs, tl.full((PAD_BLOCK,), -1, tl.int32),
+                         mask=(offs >= total) & (offs < width))
+            slot = tl.full((), -1, dtype=tl.int32)  # NOT_WIDE
+            start_word = tl.zeros((), dtype=tl.int32)
+            if (total > width) & (total <= max_size):   # wider: an error, no slot
+                # the chunk holding id W + 1: the first whose inclusive count passes W
+                crossing = tl.sum((inclusive <= width).to(tl.int32), 0)
+                start_word = crossing * WPC
                 claimed = tl.atomic_add(counter_ptr, 1)
                 slot = tl.where(claimed < n_slots, claimed, -2)  # NO_SLOT
-                start_word = start // 32
-            if slot >= 0:
-                packed = tl.sum(tl.reshape(k, (BLOCK // 32, 32)) << shifts[None, :], 1)
-                word = start // 32 + tl.arange(0, BLOCK // 32)
-                tl.store(out_ptr + bits_offset + slot * words + word, packed,
-                         mask=word < words)
-            count = new_count
-        for pad in range(0, width, PAD_BLOCK):
-            offs = pad + tl.arange(0, PAD_BLOCK)
-            tl.store(row_ids + offs, tl.full((PAD_BLOCK,), -1, tl.int32),
-                     mask=(offs >= count) & (offs < width))
-        tl.store(out_ptr + row * 3, count)
-        tl.store(out_ptr + row * 3 + 1, slot)
-        tl.store(out_ptr + row * 3 + 2, start_word)
+                if slot >= 0:
+                    dest = out_ptr + bits_offset + slot.to(tl.int64) * words
+                    for w0 in range(start_word, words, COPY_BLOCK):
+                        wo = w0 + tl.arange(0, COPY_BLOCK)
+                        tl.store(dest + wo, tl.load(row_bits + wo, mask=wo < words),
+                                 mask=wo < words)
+            tl.store(out_ptr + row * 3, total)
+            tl.store(out_ptr + row * 3 + 1, slot)
+            tl.store(out_ptr + row * 3 + 2, start_word)
+
+
+def _launches(logits: torch.Tensor, rows: torch.Tensor | None, block: torch.Tensor,
+              layout: MaskLayout, chunk: int = KERNEL_CHUNK):
+    """The two launches of one extraction: [(kernel, grid, args, constexprs)].
+
+    `block` is the full allocation (HEADER + numel). Also what `warm_up` and the
+    specialisation test look at: nothing else decides which variant runs."""
+    n_chunks = triton.cdiv(layout.vocab_size, chunk)
+    wpc = chunk // 32
+    group = max(min(_GROUP, wpc), wpc // 16)   # at most 16 groups: one int32 of flags
+    scratch = torch.empty(layout.rows * n_chunks * (wpc + 1), dtype=torch.int32,
+                          device=block.device)
+    bitmap = scratch[: layout.rows * n_chunks * wpc]
+    counts = scratch[layout.rows * n_chunks * wpc:]   # 16-byte aligned: wpc % 4 == 0
+    out, counter = block[HEADER:], block[:1]
+    grid = (layout.rows, n_chunks)
+    first = (_chunk_pass, grid,
+             (logits, logits.stride(0), out if rows is None else rows, bitmap, counts,
+              counter, layout.vocab_size),
+             dict(HAS_ROWS=rows is not None, CHUNK=chunk, N_CHUNKS=n_chunks, num_warps=4))
+    second = (_place_pass, grid,
+              (bitmap, counts, out, counter, layout.width, layout.slots, layout.words,
+               layout.ids_offset, layout.bits_offset, layout.max_size),
+              dict(CHUNK=chunk, N_CHUNKS=n_chunks,
+                   CHUNKS_P2=triton.next_power_of_2(n_chunks), WPC=wpc,
+                   GROUP=group, N_GROUPS=wpc // group,
+                   PAD_BLOCK=256, COPY_BLOCK=1024, num_warps=4))
+    return [first, second]
 
 
 def _extract_triton(logits: torch.Tensor, rows: torch.Tensor | None, block: torch.Tensor,
-                    layout: MaskLayout, block_size: int = 2048) -> None:
+                    layout: MaskLayout, chunk: int = KERNEL_CHUNK) -> None:
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
-    counter = block[layout.numel:]
-    counter.zero_()
     if layout.rows == 0:
         return
-    _support_kernel[(layout.rows,)](
-        logits, logits.stride(0), block if rows is None else rows, block, counter,
-        layout.vocab_size, layout.width, layout.slots, layout.words, layout.ids_offset,
-        layout.bits_offset, HAS_ROWS=rows is not None, BLOCK=block_size, PAD_BLOCK=256,
-        num_warps=8)
+    for kernel, grid, args, constexprs in _launches(logits, rows, block, layout, chunk):
+        kernel[grid](*args, **constexprs)
+
+
+_DNS = {"_chunk_pass": _CHUNK_PASS_DNS, "_place_pass": _PLACE_PASS_DNS}
+
+
+def specialisation(kernel, args, constexprs) -> tuple:
+    """The key under which Triton caches a compiled variant of `kernel` for
+    these launch arguments: each argument's type plus, unless the argument is
+    `do_not_specialize`, whether an int is 1 or a multiple of 16 and whether a
+    pointer is 16-byte aligned; and the constexprs. (Triton's own rule; written
+    out so it can be checked where the kernel runs interpreted.)"""
+    name = getattr(kernel, "__name__", None) or kernel.fn.__name__
+    names = list(inspect.signature(getattr(kernel, "fn", kernel)).parameters)
+    skip = set(_DNS[name])
+    key = [name]
+    for pname, arg in zip(names, args):
+        if isinstance(arg, torch.Tensor):
+            key.append((pname, str(arg.dtype), arg.data_ptr() % 16 == 0))
+        elif isinstance(arg, bool):
+            key.append((pname, "i1", arg))
+        elif isinstance(arg, int):
+            kind = "i32" if -2**31 <= arg < 2**31 else "i64"
+            key.append((pname, kind) if pname in skip
+                       else (pname, kind, arg == 1, arg % 16 == 0))
+        else:
+            key.append((pname, type(arg).__name__))
+    key.append(tuple(sorted(constexprs.items())))
+    return tuple(key)
+
+
+def warm_up(device, vocab_size: int, dtypes=(torch.float32,), *,
+            max_size: int = DEFAULT_MAX_SIZE, logits_stride: int | None = None,
+            settings: ExtractionSettings = DEFAULT_SETTINGS) -> set:
+    """Compile, at start-up, every kernel variant the engine can launch: for each
+    logits dtype, all rows and a subset of rows (two launches each). Sizes that
+    change with the batch are not specialised on, so these are all of them.
+    `logits_stride` is the row stride of the engine's logits (default: the
+    vocabulary). Returns the specialisation keys launched (see
+    `specialisation`); an empty set where Triton is missing."""
+    if triton is None:
+        return set()
+    stride = logits_stride or vocab_size
+    keys = set()
+    for dtype in dtypes:
+        logits = torch.zeros(2, stride, dtype=dtype, device=device)[:, :vocab_size]
+        logits[1, 1:] = float("-inf")
+        for rows in (None, torch.ones(1, dtype=torch.int32, device=device)):
+            picked = 2 if rows is None else 1
+            # width 1 < max_size and a slot: the wide-row path runs too
+            layout = MaskLayout(picked, 1, 1, vocab_size, max_size)
+            block = torch.zeros(HEADER + layout.numel, dtype=torch.int32, device=device)
+            for kernel, grid, args, constexprs in _launches(logits, rows, block, layout,
+                                                            settings.kernel_chunk):
+                kernel[grid](*args, **constexprs)
+                keys.add(specialisation(kernel, args, constexprs))
+    return keys
 
 
 # -- torch -------------------------------------------------------------------
@@ -329,7 +522,9 @@ def _extract_torch(logits: torch.Tensor, rows: torch.Tensor | None, block: torch
                                                              - counts)[row]
         fits = pos < width
         ids[r0 + row[fits], pos[fits]] = col[fits].to(torch.int32)
-        for r in torch.nonzero(counts > width).view(-1).tolist():
+        # rows wider than the size limit end with an error: they take no slot
+        for r in torch.nonzero((counts > width)
+                               & (counts <= layout.max_size)).view(-1).tolist():
             if next_slot < layout.slots:
                 meta[r0 + r, 1] = next_slot
                 bits[next_slot] = pack_bits(keep[r * vocab: (r + 1) * vocab])

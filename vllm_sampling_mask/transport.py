@@ -63,13 +63,21 @@ class PinnedPool:
 class StepMasks:
     """One step's supports on the host, one row per request of the batch.
 
-    Rows of requests that want no mask have `row_of == -1`: `wants(i)` is False
-    and nothing else is defined for them."""
+    What crosses processes (it rides in `ModelRunnerOutput`, pickled under
+    tensor/pipeline parallelism), so it is flat: the stored ids of every row
+    back to back (`ids[offsets[r]:offsets[r + 1]]`, ascending), never the
+    padded [R, W] block. A row's stored ids are its whole support, except for a
+    row whose support is wider than the size limit or that found no wide-row
+    slot: those store their first W ids and `problem` says why they cannot be
+    used. Rows of requests that want no mask have `row_of == -1`: `wants(i)`
+    is False and nothing else is defined for them."""
 
-    row_of: np.ndarray            # [batch rows] int64, row in counts/ids, or -1
+    row_of: np.ndarray            # [batch rows] int64, row in counts/offsets, or -1
     counts: np.ndarray            # [R] int32, true support size (0: sampled nothing)
-    ids: np.ndarray               # [R, W] int32, ascending then -1
-    wide: dict[int, np.ndarray]   # rows wider than W, read exactly from their bits
+    ids: np.ndarray               # [offsets[-1]] int32, each row's stored ids
+    offsets: np.ndarray           # [R + 1] int64
+    width: int                    # W, the step's compacted columns
+    wide: frozenset[int]          # rows wider than W, read exactly from their bits
     lost: frozenset[int]          # rows wider than W that found no wide-row slot
     max_size: int                 # --max-sampling-mask-size
 
@@ -79,10 +87,7 @@ class StepMasks:
     def row(self, i: int) -> np.ndarray:
         """Batch row i's support, ascending int32 (see `problem` first)."""
         r = int(self.row_of[i])
-        wide = self.wide.get(r)
-        if wide is not None:
-            return wide
-        return self.ids[r, : min(int(self.counts[r]), self.ids.shape[1])]
+        return self.ids[self.offsets[r]: self.offsets[r + 1]]
 
     def problem(self, i: int, token: int) -> str | None:
         """Why batch row i cannot describe the draw of `token` exactly, or None."""
@@ -95,7 +100,7 @@ class StepMasks:
                     "return_sampling_mask=false")
         if r in self.lost:
             return (f"its support of {count} ids is wider than this step's "
-                    f"{self.ids.shape[1]} compacted columns and every wide-row slot "
+                    f"{self.width} compacted columns and every wide-row slot "
                     "of the step was taken")
         if count == 0:
             return (f"the sampler drew token {token} from a distribution with no "
@@ -123,7 +128,8 @@ def decode(block: np.ndarray, layout: MaskLayout, row_of: np.ndarray,
 
     `row_of` maps batch rows to block rows (-1: no mask wanted). Rows whose
     request produced no token this step (`num_sampled == 0`, e.g. a chunked
-    prefill) get count 0 and no problem is raised for them.
+    prefill) get count 0 and no problem is raised for them. Vectorised over
+    rows; only wide rows (rare: ties past W) are visited one by one.
     """
     meta, ids, bits = layout.views(block)
     counts = meta[:, 0].copy()
@@ -139,8 +145,25 @@ def decode(block: np.ndarray, layout: MaskLayout, row_of: np.ndarray,
             lost.add(r)
         else:
             wide[r] = unpack_wide_row(ids[r], bits[slot], start_word)
-    return StepMasks(row_of=row_of, counts=counts, ids=ids.copy(), wide=wide,
-                     lost=frozenset(lost), max_size=layout.max_size)
+    stored = np.minimum(counts, layout.width).astype(np.int64)
+    for r, support in wide.items():
+        stored[r] = len(support)
+    offsets = np.zeros(layout.rows + 1, dtype=np.int64)
+    np.cumsum(stored, out=offsets[1:])
+    if not wide:
+        flat = ids[np.arange(layout.width)[None, :] < stored[:, None]]
+    else:
+        flat = np.empty(int(offsets[-1]), dtype=np.int32)
+        keep = np.arange(layout.width)[None, :] < np.minimum(counts, layout.width)[:, None]
+        keep[list(wide)] = False
+        rr, cc = np.nonzero(keep)
+        flat[offsets[rr] + cc] = ids[rr, cc]
+        for r, support in wide.items():
+            flat[offsets[r]: offsets[r + 1]] = support
+    return StepMasks(row_of=row_of, counts=counts, ids=np.ascontiguousarray(flat, np.int32),
+                     offsets=offsets, width=layout.width, wide=frozenset(wide),
+                     lost=frozenset(lost),
+                     max_size=layout.max_size)
 
 
 class MaskCopy:
