@@ -145,3 +145,53 @@ def test_argument_reads_a_call_by_the_wrapped_signature():
     assert bound(*args, **kwargs) == (1, "4", 3)
     args, kwargs = with_argument(_Upstream.method, (None, 1), {}, "first", lambda v: -v)
     assert _Upstream.method(*args, **kwargs) == (-1, 2, 3)
+
+
+# The seams the runners' adapters to `SamplingMaskState` rely on (beside
+# tests/test_seams.py's tables): where each runner's per-step order is assumed.
+def _original(fn):
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return fn
+
+
+def test_v1_batch_update_is_complete_when_may_reorder_batch_returns():
+    import inspect
+
+    from vllm.v1.sample.logits_processor.interface import MoveDirectionality
+    from vllm.v1.sample.logits_processor.state import BatchUpdateBuilder
+    from vllm.v1.worker import gpu_model_runner
+
+    from vllm_sampling_mask import patching
+    patching.apply_all()
+    source = inspect.getsource(_original(gpu_model_runner.GPUModelRunner._update_states))
+    reorder = source.index("self._may_reorder_batch(scheduler_output)")
+    refresh = source.index("self.input_batch.refresh_metadata()")
+    between = [line.strip() for line in source[reorder:refresh].splitlines()[1:]]
+    assert reorder < refresh and all(not line or line.startswith("#") for line in between), (
+        "seam 'runner_v1' moved: _update_states changes the batch between "
+        "_may_reorder_batch and refresh_metadata")
+    assert source.count("input_batch.add_request(") == 1
+    assert source.index("input_batch.add_request(") < reorder
+    builder = BatchUpdateBuilder()
+    assert (builder.added, builder.removed, builder.moved) == ([], [], [])
+    assert {d.name for d in MoveDirectionality} == {"SWAP", "UNIDIRECTIONAL"}
+    params = list(inspect.signature(
+        _original(gpu_model_runner.GPUModelRunner._may_reorder_batch)).parameters)
+    assert params == ["self", "scheduler_output"]
+
+
+def test_mrv2_samples_before_it_builds_the_async_output():
+    import inspect
+
+    from vllm.v1.worker.gpu import model_runner
+
+    from vllm_sampling_mask import patching
+    patching.apply_all()
+    runner = model_runner.GPUModelRunner
+    source = inspect.getsource(_original(runner.sample_tokens))
+    assert source.index("= self.sample(") < source.index("AsyncOutput(")
+    assert "main_stream=self.main_stream" in source
+    assert "copy_stream=self.output_copy_stream" in source
+    sample = inspect.getsource(_original(runner.sample))
+    assert "return sampler_output, sampler_output.num_sampled" in sample
