@@ -48,21 +48,21 @@ def test_a_request_without_the_decision_wants_no_mask():
 def test_take_names_the_hop_and_hand_offs_are_one_shot():
     state = SamplingMaskState(4, 64)
     with pytest.raises(MissingSamplingMaskError, match="at Sampler.__call__"):
-        state.take("Sampler.__call__")
+        state.mask.take("Sampler.__call__")
     with pytest.raises(MissingSamplingMaskError, match="at V1 Sampler.sample"):
         state.take_top_k("V1 Sampler.sample", 2)
     state.stage_top_k(np.array([5, 0]))
     with pytest.raises(MissingSamplingMaskError, match="top-k for 3 rows"):
         state.take_top_k("V1 Sampler.sample", 3)
     with pytest.raises(MissingSamplingMaskError, match="GPUModelRunner.sample_tokens"):
-        state.take_copy("GPUModelRunner.sample_tokens")
+        state.copy.take("GPUModelRunner.sample_tokens")
     logits = torch.full((2, 50), float("-inf"))
     logits[0, :5] = 0.0
     logits[1, 7] = 0.0
-    state.put(state.extract(logits, np.array([5, 1]), np.array([True, True])))
-    assert state.pending
-    mask = state.take("hop")
-    assert not state.pending and mask.batch_rows == 2
+    state.mask.put(state.extract(logits, np.array([5, 1]), np.array([True, True])))
+    assert state.mask.pending
+    mask = state.mask.take("hop")
+    assert not state.mask.pending and mask.batch_rows == 2
 
 
 def test_profiling_is_the_worst_case_only_inside_and_settings_are_the_states():

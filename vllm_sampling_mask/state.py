@@ -16,11 +16,11 @@ It owns:
   a step reads it with one numpy index and no loop over rows;
 - the memory-profiling run's worst case (`profiling()`);
 - `pool`: the pinned host buffers of this runner's mask copies;
-- the step's hand-offs: the device mask from the sampler's `sample` to the
-  call that returns it (`put` / `take`), the batch's host top-k from the V1
-  runner to its sampler (`stage_top_k` / `take_top_k`), and the started copy
-  from Model Runner V2's `sample` to its `sample_tokens` (`put_copy` /
-  `take_copy`). A `take` that finds nothing raises `MissingSamplingMaskError`
+- the step's hand-offs: `mask`, the device mask from the sampler's `sample`
+  to the call that returns it (`mask.put` / `mask.take`); `copy`, the started
+  copy from Model Runner V2's `sample` to its `sample_tokens`; and the batch's
+  host top-k from the V1 runner to its sampler (`stage_top_k` /
+  `take_top_k`). A `take` that finds nothing raises `MissingSamplingMaskError`
   naming the hop.
 """
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -42,6 +43,31 @@ from vllm_sampling_mask.transport import MaskCopy, PinnedPool
 from vllm_sampling_mask.validation import wants_mask
 
 
+T = TypeVar("T")
+
+
+class HandOff(Generic[T]):
+    """One value passed from one call to a later one of the same step."""
+
+    def __init__(self, missing: str) -> None:
+        self._value: T | None = None
+        self._missing = missing   # what it means when `take` finds nothing
+
+    def put(self, value: T) -> None:
+        self._value = value
+
+    @property
+    def pending(self) -> bool:
+        return self._value is not None
+
+    def take(self, hop: str) -> T:
+        """The value, once; MissingSamplingMaskError naming `hop` if none was put."""
+        value, self._value = self._value, None
+        if value is None:
+            raise MissingSamplingMaskError(hop, self._missing)
+        return value
+
+
 class SamplingMaskState:
     def __init__(self, max_num_reqs: int, max_size: int,
                  settings: ExtractionSettings = DEFAULT_SETTINGS) -> None:
@@ -50,9 +76,9 @@ class SamplingMaskState:
         self.wants = np.zeros(max_num_reqs, dtype=bool)
         self.pool = PinnedPool()
         self._worst_case = False
-        self._mask: DeviceMask | None = None
+        self.mask: HandOff[DeviceMask] = HandOff("the sampler returned without extracting one")
+        self.copy: HandOff[MaskCopy] = HandOff("no mask copy was started for this step")
         self._top_k: np.ndarray | None = None
-        self._copy: MaskCopy | None = None
 
     # -- per request slot -------------------------------------------------
 
@@ -102,19 +128,6 @@ class SamplingMaskState:
         return extract_selected(processed_logits, top_k, wanted, max_size=self.max_size,
                                 worst_case=self._worst_case, settings=self.settings)
 
-    def put(self, mask: DeviceMask) -> None:
-        self._mask = mask
-
-    @property
-    def pending(self) -> bool:
-        return self._mask is not None
-
-    def take(self, hop: str) -> DeviceMask:
-        mask, self._mask = self._mask, None
-        if mask is None:
-            raise MissingSamplingMaskError(hop, "the sampler returned without extracting one")
-        return mask
-
     def stage_top_k(self, top_k: np.ndarray) -> None:
         self._top_k = top_k
 
@@ -125,15 +138,12 @@ class SamplingMaskState:
                 hop, f"the runner did not hand over the batch's top-k for {rows} rows")
         return top_k
 
-    def put_copy(self, copy: MaskCopy) -> None:
-        self._copy = copy
 
-    @property
-    def copy_pending(self) -> bool:
-        return self._copy is not None
-
-    def take_copy(self, hop: str) -> MaskCopy:
-        copy, self._copy = self._copy, None
-        if copy is None:
-            raise MissingSamplingMaskError(hop, "no mask copy was started for this step")
-        return copy
+@contextmanager
+def profiling(state: SamplingMaskState | None) -> Iterator[None]:
+    """`state.profiling()`, or nothing for a runner without a mask state."""
+    if state is None:
+        yield
+    else:
+        with state.profiling():
+            yield

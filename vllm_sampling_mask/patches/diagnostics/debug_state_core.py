@@ -37,7 +37,7 @@ METHOD = "sampling_mask_debug_state"
 
 def _pending(runner) -> int:
     state = runner.sampling_mask
-    return int(state is not None and (state.pending or state.copy_pending))
+    return int(state is not None and (state.mask.pending or state.copy.pending))
 
 
 def worker_state(worker) -> dict:

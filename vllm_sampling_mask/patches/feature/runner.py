@@ -32,7 +32,7 @@ from __future__ import annotations
 from vllm_sampling_mask.config import mask_enabled
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.patches._wrap import wraps
-from vllm_sampling_mask.state import SamplingMaskState
+from vllm_sampling_mask.state import SamplingMaskState, profiling
 from vllm_sampling_mask.transport import MaskCopy
 
 
@@ -59,9 +59,7 @@ def apply(module) -> None:
 
     @wraps(module, "GPUModelRunner._dummy_sampler_run")
     def _dummy_sampler_run(wrapped, self, args, kwargs):
-        if self.sampling_mask is None:
-            return wrapped(*args, **kwargs)
-        with self.sampling_mask.profiling():
+        with profiling(self.sampling_mask):
             return wrapped(*args, **kwargs)
 
     @wraps(module, "GPUModelRunner.sample")
@@ -77,15 +75,15 @@ def apply(module) -> None:
             with async_utils.stream(copy_stream, main):
                 copy_stream.wait_stream(main)
                 on_cuda = mask.block.device.type == "cuda"
-                state.put_copy(MaskCopy(mask, state.pool if on_cuda else None))
+                state.copy.put(MaskCopy(mask, state.pool if on_cuda else None))
         return result
 
     @wraps(module, "GPUModelRunner.sample_tokens")
     def sample_tokens(wrapped, self, args, kwargs):
         out = wrapped(*args, **kwargs)
         state = self.sampling_mask
-        if state is not None and state.copy_pending:
-            copy = state.take_copy("GPUModelRunner.sample_tokens")
+        if state is not None and state.copy.pending:
+            copy = state.copy.take("GPUModelRunner.sample_tokens")
             if not isinstance(out, async_utils.AsyncOutput):
                 raise MissingSamplingMaskError(
                     "GPUModelRunner.sample_tokens",

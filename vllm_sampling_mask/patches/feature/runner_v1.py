@@ -39,7 +39,7 @@ from __future__ import annotations
 from vllm_sampling_mask.config import mask_enabled
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.patches._wrap import wraps
-from vllm_sampling_mask.state import SamplingMaskState
+from vllm_sampling_mask.state import SamplingMaskState, profiling
 from vllm_sampling_mask.transport import MaskCopy
 
 
@@ -88,16 +88,16 @@ def apply(module) -> None:
             return wrapped(*args, **kwargs)
         state.stage_top_k(self.input_batch.top_k_cpu[:self.input_batch.num_reqs])
         output = wrapped(*args, **kwargs)
-        state.put(output.sampling_mask)
+        state.mask.put(output.sampling_mask)
         return output
 
     @wraps(module, "GPUModelRunner.sample_tokens")
     def sample_tokens(wrapped, self, args, kwargs):
         out = wrapped(*args, **kwargs)
         state = self.sampling_mask
-        if state is None or not state.pending:  # nothing sampled; a step with tokens
+        if state is None or not state.mask.pending:  # nothing sampled; a step with tokens
             return out                          # but no mask is refused by the scheduler
-        mask = state.take("V1 GPUModelRunner.sample_tokens")
+        mask = state.mask.take("V1 GPUModelRunner.sample_tokens")
         on_cuda = mask.block.device.type == "cuda"
         pool = state.pool if on_cuda else None
         if isinstance(out, ModelRunnerOutput):
@@ -127,7 +127,5 @@ def apply(module) -> None:
 
     @wraps(module, "GPUModelRunner._dummy_sampler_run")
     def _dummy_sampler_run(wrapped, self, args, kwargs):
-        if self.sampling_mask is None:
-            return wrapped(*args, **kwargs)
-        with self.sampling_mask.profiling():
+        with profiling(self.sampling_mask):
             return wrapped(*args, **kwargs)

@@ -9,8 +9,8 @@ What: in `vllm/v1/worker/gpu/sample/sampler.py`, declares
     With a state, `sample` compacts the support of the logits it sampled from
     (after every processor and top-k/top-p/min-p) for the rows that want a
     mask (`state.extract`, sized from their host-side top-k: no device sync)
-    and hands it to `__call__` (`state.put`), which puts it on the
-    `SamplerOutput` it returns (`state.take`: a mask of no rows when none wants
+    and hands it to `__call__` (`state.mask.put`), which puts it on the
+    `SamplerOutput` it returns (`state.mask.take`: a mask of no rows when none wants
     one; MissingSamplingMaskError when `sample` extracted none).
 Why: the sampler is the only place where the exact support exists.
 Remove when: upstream returns the support from its sampler (vLLM #49577,
@@ -42,7 +42,7 @@ def apply(module) -> None:
         state = self.sampling_mask
         if state is not None:
             slots = argument(wrapped, args, kwargs, "idx_mapping_np")
-            state.put(state.extract(processed_logits, self.sampling_states.top_k.np[slots],
+            state.mask.put(state.extract(processed_logits, self.sampling_states.top_k.np[slots],
                                     state.wants[slots]))
         return sampled, processed_logits
 
@@ -50,5 +50,5 @@ def apply(module) -> None:
     def __call__(wrapped, self, args, kwargs):
         output = wrapped(*args, **kwargs)
         if self.sampling_mask is not None:
-            output.sampling_mask = self.sampling_mask.take("Sampler.__call__")
+            output.sampling_mask = self.sampling_mask.mask.take("Sampler.__call__")
         return output

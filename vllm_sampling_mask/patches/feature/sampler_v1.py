@@ -11,7 +11,7 @@ What: in `vllm/v1/sample/sampler.py`, declares `Sampler.sampling_mask` (the
     batch's host-side top-k the runner staged (`state.take_top_k`); in the
     memory-profiling run (`state.profiling()`) every row at the widest.
     `forward` puts it on the declared field `SamplerOutput.sampling_mask`
-    (`state.take`).
+    (`state.mask.take`).
 Why: the sampler is the only place where the exact support exists. Processed
     logprobs are always materialised in `processed_logprobs` mode (which the
     flag requires), and in that mode upstream never picks the FlashInfer
@@ -49,14 +49,14 @@ def apply(module) -> None:
                 raise MissingSamplingMaskError(
                     "V1 Sampler.sample", "no processed logprobs were computed for a "
                     "batch in which some request wants a mask")
-            state.put(no_rows(rows, sampled.device))
+            state.mask.put(no_rows(rows, sampled.device))
         else:
-            state.put(state.extract(processed_logprobs, top_k, wanted))
+            state.mask.put(state.extract(processed_logprobs, top_k, wanted))
         return sampled, processed_logprobs
 
     @wraps(module, "Sampler.forward")
     def forward(wrapped, self, args, kwargs):
         output = wrapped(*args, **kwargs)
         if self.sampling_mask is not None:
-            output.sampling_mask = self.sampling_mask.take("V1 Sampler.forward")
+            output.sampling_mask = self.sampling_mask.mask.take("V1 Sampler.forward")
         return output
