@@ -24,6 +24,11 @@ Why: the token-in/token-out endpoint is the RL trainers' way in.
 Remove when: upstream vLLM PR #49577 (sampling masks upstream, vLLM 0.28)
     returns the mask from this endpoint, and upstream's n > 1 handling on this
     endpoint is fixed (both n > 1 bugs are present in 0.27.1).
+Upstream: the mask, vLLM #49577. The two n > 1 fixes (upstream bugs, kept in
+    this module because they change the same three wrappers): no issue or PR
+    known; would file "/inference/v1/generate: n > 1 returns fewer than n
+    choices without streaming, and a stream fails with 'list index out of
+    range' when some children's first tokens come later".
 """
 
 from __future__ import annotations
