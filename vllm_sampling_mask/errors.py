@@ -31,6 +31,10 @@ class MissingSamplingMaskError(RuntimeError):
         self.hop = hop
 
 
+class ReplayCheckError(Exception):
+    """`replay_check`: a bad argument or an unreachable model/server, said as the fix."""
+
+
 def _client_errors() -> dict[str, type]:
     from vllm.exceptions import VLLMClientError, VLLMValidationError
 
