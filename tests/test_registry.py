@@ -195,3 +195,7 @@ def test_mrv2_samples_before_it_builds_the_async_output():
     assert "copy_stream=self.output_copy_stream" in source
     sample = inspect.getsource(_original(runner.sample))
     assert "return sampler_output, sampler_output.num_sampled" in sample
+    remove = inspect.getsource(_original(runner._remove_request))
+    assert "req_idx = self.req_states.remove_request(req_id)" in remove
+    assert list(inspect.signature(_original(runner._remove_request)).parameters) == [
+        "self", "req_id"]

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import sys
 
-from vllm_sampling_mask.config import DEBUG_STATE as ENV
+from vllm_sampling_mask.config import DEBUG_STATE as ENV  # noqa: F401 (the tests set it)
 from vllm_sampling_mask.config import debug_state_enabled as enabled
 
 METHOD = "sampling_mask_debug_state"

@@ -10,6 +10,8 @@ What: wraps, in `vllm/v1/worker/gpu/model_runner.py` (the CPU runner inherits
       sampler's FlashInfer path off (it never materialises the processed
       logits). A sampler that is not vLLM's `Sampler` (a model state's
       `custom_sampler`) is refused;
+    - `_remove_request`: the freed request slot no longer wants a mask (the
+      sampler's `add_request` sets it for the next request there);
     - `_dummy_sampler_run`: the memory-profiling run extracts inside
       `state.profiling()` (widest rows, one wide-row slot per row), so the KV
       cache is sized with the mask's largest per-step device memory included;
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 from vllm_sampling_mask.config import mask_enabled
 from vllm_sampling_mask.errors import MissingSamplingMaskError
-from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.state import SamplingMaskState, profiling
 from vllm_sampling_mask.transport import MaskCopy
 
@@ -56,6 +58,16 @@ def apply(module) -> None:
             self.sampler.sampling_mask = self.sampling_mask
             self.sampler.use_flashinfer = False
         return result
+
+    @wraps(module, "GPUModelRunner._remove_request")
+    def _remove_request(wrapped, self, args, kwargs):
+        if self.sampling_mask is None:
+            return wrapped(*args, **kwargs)
+        slot = self.req_states.req_id_to_index.get(argument(wrapped, args, kwargs, "req_id"))
+        removed = wrapped(*args, **kwargs)
+        if removed and slot is not None:
+            self.sampling_mask.remove_request(slot)
+        return removed
 
     @wraps(module, "GPUModelRunner._dummy_sampler_run")
     def _dummy_sampler_run(wrapped, self, args, kwargs):
