@@ -235,7 +235,7 @@ def draw_batch(d) -> list[Req]:
 def draw_crowd(d) -> list[Req]:
     """For `replay_crowd`: 2 to 5 requests, all seeded, temperature > 0, no aborts.
     top_p = 1 rows may sit beside top_p < 1 rows: upstream then cut a top_p = 1
-    row's zero-probability ids (`patches/top_p_one_rows` keeps them)."""
+    row's zero-probability ids (`patches/fixes/top_p_one_rows` keeps them)."""
     return [draw_request(d, seeded=True, greedy=False, aborts=False)
             for _ in range(d.int(2, 5))]
 

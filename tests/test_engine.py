@@ -55,7 +55,8 @@ def test_runs_on_the_chosen_runner_in_a_patched_worker_process(llm):
         from vllm_sampling_mask import patching
         runner = worker.model_runner
         return (type(runner).__module__, os.getpid(), list(patching.APPLIED),
-                runner.sampler.return_sampling_mask, os.environ.get("TRITON_INTERPRET"),
+                runner.sampler.sampling_mask is runner.sampling_mask is not None,
+                os.environ.get("TRITON_INTERPRET"),
                 HAS_TRITON)
 
     (module, pid, applied, enabled, interpret, has_triton), = llm.collective_rpc(probe)
@@ -346,13 +347,17 @@ def test_a_support_wider_than_the_size_limit_ends_only_its_request(llm, tokenize
     assert again.sampling_mask == fine.sampling_mask
 
 
-def _set_extraction_globals(worker, values):
-    """Runs in the worker: set `extraction` module globals, return the old ones."""
-    from vllm_sampling_mask import extraction
-    old = {k: getattr(extraction, k) for k in values}
-    for k, v in values.items():
-        setattr(extraction, k, v)
-    return old
+def _set_extraction_settings(worker, values):
+    """Runs in the worker: give the runner's mask state (`SamplingMaskState`)
+    `ExtractionSettings(**values)`; return the old ones as a dict (the RPC
+    carries plain values)."""
+    import dataclasses
+
+    from vllm_sampling_mask.extraction import ExtractionSettings
+
+    state = worker.model_runner.sampling_mask
+    old, state.settings = state.settings, ExtractionSettings(**values)
+    return dataclasses.asdict(old)
 
 
 def test_a_row_the_mask_cannot_describe_ends_only_its_request(llm):
@@ -362,12 +367,12 @@ def test_a_row_the_mask_cannot_describe_ends_only_its_request(llm):
     params = [SamplingParams(temperature=1.0, top_k=20, max_tokens=6, ignore_eos=True,
                              seed=900 + i) for i in range(3)]
     clean = [o.outputs[0] for o in llm.generate(PROMPTS[:3], params)]
-    (old,) = llm.collective_rpc(_set_extraction_globals,
-                                args=({"TIE_MARGIN": -15, "SPARE_WIDE_SLOTS": 1},))
+    (old,) = llm.collective_rpc(_set_extraction_settings,
+                                args=({"tie_margin": -15, "spare_wide_slots": 1},))
     try:
         faulty = [o.outputs[0] for o in llm.generate(PROMPTS[:3], params)]
     finally:
-        llm.collective_rpc(_set_extraction_globals, args=(old,))
+        llm.collective_rpc(_set_extraction_settings, args=(old,))
     ended = [c for c in faulty if c.finish_reason == "error"]
     served = [c for c in faulty if c.finish_reason != "error"]
     assert len(ended) == 2 and len(served) == 1

@@ -140,6 +140,6 @@ def test_a_top_p_1_rows_mask_does_not_depend_on_the_other_rows_top_p(mask_server
     assert beside["token_ids"] == alone["token_ids"]     # holds: same draws
     assert fs.settle(mask_server) is None
     # upstream cut this row's ids of float32 probability 0 beside a top_p < 1 row
-    # (50 ids alone, 20-26 beside); patches/top_p_one_rows keeps them
+    # (50 ids alone, 20-26 beside); patches/fixes/top_p_one_rows keeps them
     assert beside["sampling_mask"] == alone["sampling_mask"]
     assert all(len(s) == 50 for s in alone["sampling_mask"])

@@ -397,7 +397,7 @@ def test_cpu_dispatch_runs_the_triton_kernel_and_the_shim_picks_the_cpu_path(sam
 def test_shim_changes_nothing_without_interpreter(monkeypatch):
     import wrapt
 
-    from vllm_sampling_mask.patches import interpreter_top_k_top_p as shim
+    from vllm_sampling_mask.patches.enablers import interpreter_top_k_top_p as shim
 
     wrapped = []
     monkeypatch.setattr(wrapt, "wrap_function_wrapper", lambda *a, **kw: wrapped.append(a))

@@ -154,7 +154,8 @@ def test_engine_is_the_v1_runner_with_fused_moe_layers(llm):
         from vllm.model_executor.layers.fused_moe.layer import MoERunner
         runner = worker.model_runner
         moe_layers = [m for m in runner.model.modules() if isinstance(m, MoERunner)]
-        return type(runner).__module__, len(moe_layers), runner.sampler.return_sampling_mask
+        return (type(runner).__module__, len(moe_layers),
+                runner.sampler.sampling_mask is runner.sampling_mask is not None)
 
     (module, n_moe, enabled), = llm.collective_rpc(probe)
     expected = "cpu_model_runner" if not torch.cuda.is_available() else "gpu_model_runner"

@@ -21,9 +21,10 @@ def run_python(code: str, env_extra=None, cwd=None, drop=()) -> subprocess.Compl
 def test_every_patch_target_exists_and_every_patch_applies():
     applied = patching.apply_all()
     assert set(applied) == set(REGISTRY)
-    for name, target in REGISTRY.items():
-        importlib.import_module(target)
-        importlib.import_module(f"vllm_sampling_mask.patches.{name}")
+    for record in REGISTRY.values():
+        for target in record.targets:
+            importlib.import_module(target)
+        importlib.import_module(record.module)
     # applying again is refused, patch by patch, and wraps nothing a second time
     assert not any(patching.apply_patch(name) for name in REGISTRY)
     from vllm.v1.worker.gpu.sample.sampler import Sampler

@@ -121,7 +121,7 @@ def wait_for_zero(base, timeout=20.0) -> dict:
 def test_the_route_exists_only_with_the_variable(monkeypatch):
     from fastapi import FastAPI
 
-    from vllm_sampling_mask.patches import debug_state, debug_state_core
+    from vllm_sampling_mask.patches.diagnostics import debug_state, debug_state_core
 
     monkeypatch.delenv(debug_state_core.ENV, raising=False)
     app = FastAPI()
@@ -154,7 +154,7 @@ def test_upstream_build_app_has_the_route_only_with_the_variable(monkeypatch):
     from vllm.entrypoints.openai.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from vllm_sampling_mask.patches import debug_state, debug_state_core
+    from vllm_sampling_mask.patches.diagnostics import debug_state, debug_state_core
     args = make_arg_parser(FlexibleArgumentParser()).parse_args([])
     monkeypatch.delenv(debug_state_core.ENV, raising=False)
     paths = {r.path for r in api_server.build_app(args, ("generate",)).routes}

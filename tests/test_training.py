@@ -415,16 +415,23 @@ def test_validate_false_skips_checks_and_keeps_the_formula():
                                                        validate=False), atol=1e-6, rtol=1e-6)
 
 
+# Every way an op can read a tensor's values on the host (a device sync on CUDA).
+HOST_READS = ("tolist", "item", "cpu", "numpy", "equal", "__bool__", "__int__",
+              "__float__", "__index__", "__array__")
+
+
 def test_validation_syncs_are_constant(monkeypatch):
     """Validation reads values on the host a fixed number of times, not per token."""
     calls = {"n": 0}
-    real_tolist = torch.Tensor.tolist
 
-    def counting_tolist(self):
-        calls["n"] += 1
-        return real_tolist(self)
+    def counting(real):
+        def read(self, *args, **kwargs):
+            calls["n"] += 1
+            return real(self, *args, **kwargs)
+        return read
 
-    monkeypatch.setattr(torch.Tensor, "tolist", counting_tolist)
+    for name in HOST_READS:
+        monkeypatch.setattr(torch.Tensor, name, counting(getattr(torch.Tensor, name)))
     for T in (4, 200):
         logits, tok, rows = random_case(T=T, seed=T)
         ids, offsets = mask_to_tensors(SamplingMask.from_lists(rows))

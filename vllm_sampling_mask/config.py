@@ -1,6 +1,36 @@
-"""Where the engine-level flag lives once the engine is configured."""
+"""Configuration: the engine-level flag, and every environment variable the
+overlay reads (read here and nowhere else)."""
 
 from __future__ import annotations
+
+import os
+
+_TRUE = ("1", "true", "True")
+
+# VLLM_SAMPLING_MASK_DISABLE=1: stock vLLM, no patch applied (read by the site hook).
+DISABLE = "VLLM_SAMPLING_MASK_DISABLE"
+# VLLM_SAMPLING_MASK_DEBUG_STATE=1: the per-request state route (diagnostics).
+DEBUG_STATE = "VLLM_SAMPLING_MASK_DEBUG_STATE"
+# VLLM_SAMPLING_MASK_TRITON_TOPK=1: under the interpreter, run vLLM's Triton
+# top-k/top-p kernel on CPU tensors instead of the PyTorch path.
+TRITON_TOPK = "VLLM_SAMPLING_MASK_TRITON_TOPK"
+
+
+def overlay_disabled() -> bool:
+    return os.environ.get(DISABLE, "") in _TRUE
+
+
+def debug_state_enabled() -> bool:
+    return os.environ.get(DEBUG_STATE, "") in _TRUE
+
+
+def triton_interpreter_on() -> bool:
+    """True when Triton's own switch TRITON_INTERPRET=1 is set."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
+
+
+def interpreted_triton_top_k() -> bool:
+    return os.environ.get(TRITON_TOPK, "0") not in ("", "0")
 
 
 def mask_enabled(vllm_config) -> bool:
@@ -9,3 +39,8 @@ def mask_enabled(vllm_config) -> bool:
     `ModelConfig.return_sampling_mask` is declared on the class by the
     `model_config` patch, so a config without it is an error, not "off"."""
     return bool(vllm_config.model_config.return_sampling_mask)
+
+
+def serving_mask_enabled(serving) -> bool:
+    """`mask_enabled` for an HTTP route's serving object (its engine client's config)."""
+    return mask_enabled(serving.engine_client.vllm_config)

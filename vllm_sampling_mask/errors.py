@@ -1,14 +1,18 @@
-"""The errors of the mask path: a bad request, and a hand-off that went missing."""
+"""Every exception the overlay raises, in one module.
+
+Importing this module imports nothing of vLLM: `MissingSamplingMaskError` and
+`UpstreamVersionError` are plain classes (the vLLM-free state and the version
+guard raise them). The client errors derive from vLLM's exception classes (so
+vLLM's server answers them with HTTP 400), and are built on first access:
+`errors.SamplingMaskRequestError`, `errors.RequestInputError`,
+`errors.SamplingMaskGenerationError`.
+"""
 
 from __future__ import annotations
 
-from vllm.exceptions import VLLMValidationError
 
-from vllm_sampling_mask.validation import DEFAULT_MAX_SIZE, MASK_ARG, resolve_request
-
-
-class SamplingMaskRequestError(VLLMValidationError, ValueError):
-    """A 400 at the HTTP server; a ValueError from `LLM.generate`."""
+class UpstreamVersionError(ImportError):
+    """The installed vLLM is not a release this overlay was written for."""
 
 
 class MissingSamplingMaskError(RuntimeError):
@@ -27,16 +31,39 @@ class MissingSamplingMaskError(RuntimeError):
         self.hop = hop
 
 
-def check_request(sampling_params, *, engine_on: bool = True,
-                  max_size: int = DEFAULT_MAX_SIZE) -> bool:
-    """Whether the request carries a mask; SamplingMaskRequestError if it cannot."""
-    requested = (sampling_params.extra_args or {}).get(MASK_ARG)
-    wants, problem = resolve_request(
-        engine_on=engine_on, requested=requested,
-        temperature=sampling_params.temperature, top_k=sampling_params.top_k,
-        top_p=sampling_params.top_p, min_p=sampling_params.min_p, max_size=max_size)
-    if problem is not None:
-        parameter, message = problem
-        value = requested if parameter == MASK_ARG else getattr(sampling_params, parameter)
-        raise SamplingMaskRequestError(message, parameter=parameter, value=value)
-    return wants
+class ReplayCheckError(Exception):
+    """`replay_check`: a bad argument or an unreachable model/server, said as the fix."""
+
+
+def _client_errors() -> dict[str, type]:
+    from vllm.exceptions import VLLMClientError, VLLMValidationError
+
+    class SamplingMaskRequestError(VLLMValidationError, ValueError):
+        """A sampling-mask request the engine cannot serve: a 400 at the HTTP
+        server naming the parameter; a ValueError from `LLM.generate`."""
+
+    class RequestInputError(VLLMValidationError, ValueError):
+        """A request the input processor refuses (a token id outside the model,
+        an integer beyond 64 bits, ...): HTTP 400; a ValueError for `LLM`."""
+
+    class SamplingMaskGenerationError(VLLMClientError):
+        """A completion whose mask could not be taken (`sampling_mask_error`): the
+        client gets its message with HTTP 400, or as an error event in a stream."""
+
+    classes = {c.__name__: c for c in (SamplingMaskRequestError, RequestInputError,
+                                       SamplingMaskGenerationError)}
+    for c in classes.values():
+        c.__module__ = __name__
+        c.__qualname__ = c.__name__
+    return classes
+
+
+_CLIENT_ERRORS = ("SamplingMaskRequestError", "RequestInputError",
+                  "SamplingMaskGenerationError")
+
+
+def __getattr__(name: str):
+    if name in _CLIENT_ERRORS:
+        globals().update(_client_errors())
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

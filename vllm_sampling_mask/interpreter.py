@@ -1,8 +1,5 @@
 """Helpers for running Model Runner V2 through Triton's interpreter on a CPU."""
 
-import os
+from vllm_sampling_mask.config import triton_interpreter_on
 
-
-def triton_interpreter_on() -> bool:
-    """True when Triton's own switch TRITON_INTERPRET=1 is set."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
+__all__ = ["triton_interpreter_on"]

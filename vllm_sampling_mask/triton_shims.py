@@ -1,6 +1,6 @@
 """Triton functions that stand in for libdevice under Triton's interpreter.
 
-Imported only when TRITON_INTERPRET=1 (see patches/interpreter_libdevice.py).
+Imported only when TRITON_INTERPRET=1 (see patches/enablers/interpreter_libdevice.py).
 `triton.language` must be a global of this module: the interpreter finds it
 through each jitted function's globals.
 """

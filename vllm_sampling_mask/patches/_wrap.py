@@ -1,10 +1,18 @@
-"""`wraps(module, "Class.method")`: a decorator over `wrapt.wrap_function_wrapper`.
+"""What every patch module uses to wrap an upstream function.
 
-The decorated function is a wrapt wrapper, `(wrapped, instance, args, kwargs)`;
-the patched attribute keeps the original reachable as `__wrapped__`.
+- `wraps(module, "Class.method")`: a decorator over `wrapt.wrap_function_wrapper`.
+  The decorated function is a wrapt wrapper, `(wrapped, instance, args, kwargs)`;
+  the patched attribute keeps the original reachable as `__wrapped__`.
+- `argument(wrapped, args, kwargs, name)`: the value the call passes for the
+  wrapped function's parameter `name`, positionally or by keyword (its default
+  when not passed), read by the wrapped function's own signature;
+  `with_argument(...)` gives `(args, kwargs)` with that argument replaced.
 """
 
 from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
 
 import wrapt
 
@@ -16,14 +24,42 @@ def wraps(module, name: str):
     return decorate
 
 
-def run_worst_case(sampler, wrapped, args, kwargs):
-    """Call `wrapped` (the memory-profiling sampler run) with the sampler's declared
-    `sampling_mask_worst_case` set, so the mask is extracted with the largest layout
-    a step can use and the KV cache is sized with it included."""
-    if not sampler.return_sampling_mask:
-        return wrapped(*args, **kwargs)
-    sampler.sampling_mask_worst_case = True
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        sampler.sampling_mask_worst_case = False
+_PARAMETERS: dict[object, tuple[list[str], dict[str, object]]] = {}
+
+
+def _parameters(wrapped) -> tuple[list[str], dict[str, object]]:
+    """(positional parameter names as the call sees them, defaults) of `wrapped`."""
+    key = getattr(wrapped, "__func__", wrapped)
+    found = _PARAMETERS.get(key)
+    if found is None:
+        params = inspect.signature(key).parameters.values()
+        names = [p.name for p in params
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        defaults = {p.name: p.default for p in params if p.default is not p.empty}
+        found = _PARAMETERS[key] = (names, defaults)
+    names, defaults = found
+    if key is not wrapped and names:  # a bound method: the call does not pass `self`
+        names = names[1:]
+    return names, defaults
+
+
+def argument(wrapped, args, kwargs, name: str):
+    if name in kwargs:
+        return kwargs[name]
+    names, defaults = _parameters(wrapped)
+    index = names.index(name) if name in names else len(args)
+    if index < len(args):
+        return args[index]
+    if name in defaults:
+        return defaults[name]
+    raise TypeError(f"{getattr(wrapped, '__qualname__', wrapped)}() was called "
+                    f"without {name!r}")
+
+
+def with_argument(wrapped, args, kwargs, name: str, make: Callable):
+    """(args, kwargs) of the call with the argument `name` replaced by `make(it)`."""
+    names, _ = _parameters(wrapped)
+    index = names.index(name) if name in names else len(args)
+    if name not in kwargs and index < len(args):
+        return (*args[:index], make(args[index]), *args[index + 1:]), kwargs
+    return args, {**kwargs, name: make(argument(wrapped, args, kwargs, name))}

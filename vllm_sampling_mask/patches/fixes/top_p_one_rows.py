@@ -20,7 +20,7 @@ Remove when: upstream's PyTorch top-p leaves rows with p >= 1 alone (no such
 
 from __future__ import annotations
 
-from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps
 
 # Any p > 1 makes `1 - p` negative, below every cumulative probability.
 NO_CUT = 2.0
@@ -31,11 +31,8 @@ def apply(module) -> None:
 
     @wraps(module, "apply_top_k_top_p_pytorch")
     def apply_top_k_top_p_pytorch(wrapped, _, args, kwargs):
-        p = args[2] if len(args) > 2 else kwargs.get("p")
-        if p is not None:
-            p = torch.where(p >= 1, torch.full_like(p, NO_CUT), p)
-            if len(args) > 2:
-                args = (*args[:2], p, *args[3:])
-            else:
-                kwargs = {**kwargs, "p": p}
+        if argument(wrapped, args, kwargs, "p") is not None:
+            args, kwargs = with_argument(
+                wrapped, args, kwargs, "p",
+                lambda p: torch.where(p >= 1, torch.full_like(p, NO_CUT), p))
         return wrapped(*args, **kwargs)

@@ -15,7 +15,7 @@ Remove when: upstream has the field (vLLM #49577).
 from __future__ import annotations
 
 from vllm_sampling_mask.patches._dataclass import add_field
-from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.sampling_mask import SamplingMask
 
 
@@ -26,8 +26,8 @@ def apply(module) -> None:
 
     @wraps(module, "RequestOutput.add")
     def add(wrapped, self, args, kwargs):
-        next_output = args[0] if args else kwargs["next_output"]
-        aggregate = args[1] if len(args) > 1 else kwargs["aggregate"]
+        next_output = argument(wrapped, args, kwargs, "next_output")
+        aggregate = argument(wrapped, args, kwargs, "aggregate")
         if not aggregate:
             return wrapped(*args, **kwargs)
         before = {c.index: c.sampling_mask if c.sampling_mask is not None or c.token_ids

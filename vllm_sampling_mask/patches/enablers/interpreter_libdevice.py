@@ -10,7 +10,7 @@ Remove when: Triton's interpreter implements libdevice.
 
 import types
 
-from vllm_sampling_mask.interpreter import triton_interpreter_on
+from vllm_sampling_mask.config import triton_interpreter_on
 
 
 def apply(module) -> None:

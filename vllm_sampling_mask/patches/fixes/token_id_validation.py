@@ -16,7 +16,7 @@ What: wraps three methods of `InputProcessor` (vllm/v1/engine/input_processor.py
       must stay inside the model's vocabulary; and a plain `ValueError` that
       upstream's own checks raise in there (an invalid regex or JSON schema in
       `structured_outputs` / `response_format`) is re-raised as a client error.
-    A violation raises `RequestInputError` (a VLLMValidationError and a ValueError):
+    A violation raises `errors.RequestInputError` (a VLLMValidationError and a ValueError):
     HTTP 400 naming the parameter, the value and the valid range; a ValueError from
     `LLM.generate`. The rules are `validation.token_id_problem` and its neighbours.
     Active whether or not the sampling-mask flag is on: these are crash fixes.
@@ -42,7 +42,8 @@ Remove when: upstream checks ids against the vocabulary (off-by-one in
 
 from __future__ import annotations
 
-from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.errors import RequestInputError
+from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.validation import (
     bad_words_problem,
     blank_bad_word_problem,
@@ -55,13 +56,10 @@ PROMPT = "prompt token ids (token_ids on /inference/v1/generate, prompt on /v1/c
 
 
 def apply(module) -> None:
-    from vllm.exceptions import VLLMError, VLLMValidationError
+    from vllm.exceptions import VLLMError
     from vllm.sampling_params import SamplingParams
 
-    class RequestInputError(VLLMValidationError, ValueError):
-        """A request the input processor refuses: HTTP 400; a ValueError for `LLM`."""
-
-    module.RequestInputError = RequestInputError
+    module.RequestInputError = RequestInputError  # where upstream code may look for it
 
     def refuse(problem):
         if problem is not None:
@@ -70,7 +68,7 @@ def apply(module) -> None:
 
     @wraps(module, "InputProcessor._validate_params")
     def _validate_params(wrapped, self, args, kwargs):
-        params = args[0] if args else kwargs["params"]
+        params = argument(wrapped, args, kwargs, "params")
         if isinstance(params, SamplingParams):
             vocab_size = self.model_config.get_vocab_size()
             for problem in sampling_id_problems(
@@ -84,7 +82,7 @@ def apply(module) -> None:
 
     @wraps(module, "InputProcessor._validate_model_input")
     def _validate_model_input(wrapped, self, args, kwargs):
-        prompt_input = args[0] if args else kwargs["prompt_input"]
+        prompt_input = argument(wrapped, args, kwargs, "prompt_input")
         if prompt_input["type"] != "embeds":
             limit = self.model_config.get_vocab_size()
             tokenizer = self.tokenizer

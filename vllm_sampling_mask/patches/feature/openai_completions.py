@@ -22,23 +22,20 @@ Remove when: upstream vLLM PR #49577 (sampling masks upstream, vLLM 0.28)
 
 from __future__ import annotations
 
-from vllm_sampling_mask.config import mask_enabled
-from vllm_sampling_mask.patches._http import (StreamMasks, arg, create_with_masks,
-                                              mask_lists, raise_mask_errors, replace_arg)
-from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.config import serving_mask_enabled
+from vllm_sampling_mask.patches._http import (StreamMasks, create_with_masks, mask_lists,
+                                              raise_mask_errors)
+from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps
 
 
 def apply(module) -> None:
-    def masks_on(serving) -> bool:
-        return mask_enabled(serving.engine_client.vllm_config)
-
     @wraps(module, "OpenAIServingCompletion.create_completion")
     async def create_completion(wrapped, self, args, kwargs):
         return await create_with_masks(self, wrapped, args, kwargs)
 
     @wraps(module, "OpenAIServingCompletion.request_output_to_completion_response")
     def request_output_to_completion_response(wrapped, self, args, kwargs):
-        final_res_batch = arg(args, kwargs, 0, "final_res_batch")
+        final_res_batch = argument(wrapped, args, kwargs, "final_res_batch")
         completions = [c for res in final_res_batch for c in res.outputs]
         raise_mask_errors(completions)
         response = wrapped(*args, **kwargs)
@@ -48,10 +45,10 @@ def apply(module) -> None:
 
     @wraps(module, "OpenAIServingCompletion.completion_stream_generator")
     def completion_stream_generator(wrapped, self, args, kwargs):
-        if not masks_on(self):
+        if not serving_mask_enabled(self):
             return wrapped(*args, **kwargs)
-        n = arg(args, kwargs, 0, "request").n or 1
+        n = argument(wrapped, args, kwargs, "request").n or 1
         masks = StreamMasks(lambda prompt, completion: completion.index + prompt * n,
                             indexed=True)
-        args, kwargs = replace_arg(args, kwargs, 2, "result_generator", masks.watch)
+        args, kwargs = with_argument(wrapped, args, kwargs, "result_generator", masks.watch)
         return masks.chunks(wrapped(*args, **kwargs))

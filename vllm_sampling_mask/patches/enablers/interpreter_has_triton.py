@@ -10,7 +10,7 @@ Why: Model Runner V2 (whose sampler carries the sampling mask) needs Triton,
 Remove when: vLLM treats Triton's interpreter as a usable backend.
 """
 
-from vllm_sampling_mask.interpreter import triton_interpreter_on
+from vllm_sampling_mask.config import triton_interpreter_on
 
 
 def apply(module) -> None:

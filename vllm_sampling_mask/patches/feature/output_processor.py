@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from vllm_sampling_mask.accumulator import MaskAccumulator
 from vllm_sampling_mask.errors import MissingSamplingMaskError
-from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.validation import wants_mask
 
 
@@ -35,14 +35,14 @@ def apply(module) -> None:
     @wraps(module, "RequestState.from_new_request")
     def from_new_request(wrapped, cls, args, kwargs):
         state = wrapped(*args, **kwargs)
-        request = kwargs["request"] if "request" in kwargs else args[1]
+        request = argument(wrapped, args, kwargs, "request")
         if request.sampling_params is not None and wants_mask(request.sampling_params):
             state.sampling_masks = MaskAccumulator()
         return state
 
     @wraps(module, "OutputProcessor.process_outputs")
     def process_outputs(wrapped, self, args, kwargs):
-        engine_core_outputs = args[0] if args else kwargs["engine_core_outputs"]
+        engine_core_outputs = argument(wrapped, args, kwargs, "engine_core_outputs")
         for out in engine_core_outputs:
             state = self.request_states.get(out.request_id)
             if state is None or state.sampling_masks is None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from fastapi import Request
 
 from vllm_sampling_mask.patches._wrap import wraps
-from vllm_sampling_mask.patches.debug_state_core import METHOD, enabled
+from vllm_sampling_mask.patches.diagnostics.debug_state_core import METHOD, enabled
 
 PATH = "/debug/sampling_mask/state"
 

@@ -20,16 +20,12 @@ Remove when: upstream vLLM PR #49577 (sampling masks upstream, vLLM 0.28)
 
 from __future__ import annotations
 
-from vllm_sampling_mask.config import mask_enabled
-from vllm_sampling_mask.patches._http import (StreamMasks, create_with_masks, mask_lists,
-                                              recording, replace_arg)
-from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.config import serving_mask_enabled
+from vllm_sampling_mask.patches._http import StreamMasks, create_with_masks, mask_lists, recording
+from vllm_sampling_mask.patches._wrap import with_argument, wraps
 
 
 def apply(module) -> None:
-    def masks_on(serving) -> bool:
-        return mask_enabled(serving.engine_client.vllm_config)
-
     @wraps(module, "OpenAIServingChat.create_chat_completion")
     async def create_chat_completion(wrapped, self, args, kwargs):
         return await create_with_masks(self, wrapped, args, kwargs)
@@ -37,7 +33,7 @@ def apply(module) -> None:
     @wraps(module, "OpenAIServingChat.chat_completion_full_generator")
     async def chat_completion_full_generator(wrapped, self, args, kwargs):
         final = {}
-        args, kwargs = replace_arg(args, kwargs, 1, "result_generator",
+        args, kwargs = with_argument(wrapped, args, kwargs, "result_generator",
                                    lambda results: recording(results, final))
         response = await wrapped(*args, **kwargs)
         if isinstance(response, module.ChatCompletionResponse):
@@ -47,8 +43,8 @@ def apply(module) -> None:
 
     @wraps(module, "OpenAIServingChat.chat_completion_stream_generator")
     def chat_completion_stream_generator(wrapped, self, args, kwargs):
-        if not masks_on(self):
+        if not serving_mask_enabled(self):
             return wrapped(*args, **kwargs)
         masks = StreamMasks()
-        args, kwargs = replace_arg(args, kwargs, 1, "result_generator", masks.watch)
+        args, kwargs = with_argument(wrapped, args, kwargs, "result_generator", masks.watch)
         return masks.chunks(wrapped(*args, **kwargs))

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import inspect
 
-from vllm_sampling_mask.interpreter import triton_interpreter_on
-from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.config import triton_interpreter_on
+from vllm_sampling_mask.patches._wrap import argument, wraps
 
 
 class _NoScope:
@@ -41,12 +41,12 @@ def apply(module) -> None:
 
     @wraps(module, "_patch_lang")
     def _patch_lang(original, instance, args, kwargs):
-        (fn,) = args
+        fn = argument(original, args, kwargs, "fn")
         patched = state["patched"]
         langs = langs_of(fn)
         if patched is not None and langs and langs <= patched:
             return _NoScope()
-        scope = original(fn)
+        scope = original(*args, **kwargs)
         if patched is not None:          # a nested call that added a module
             patched |= langs
             return scope

@@ -24,30 +24,32 @@ Why: the token-in/token-out endpoint is the RL trainers' way in.
 Remove when: upstream vLLM PR #49577 (sampling masks upstream, vLLM 0.28)
     returns the mask from this endpoint, and upstream's n > 1 handling on this
     endpoint is fixed (both n > 1 bugs are present in 0.27.1).
+Upstream: the mask, vLLM #49577. The two n > 1 fixes (upstream bugs, kept in
+    this module because they change the same three wrappers): no issue or PR
+    known; would file "/inference/v1/generate: n > 1 returns fewer than n
+    choices without streaming, and a stream fails with 'list index out of
+    range' when some children's first tokens come later".
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 
-from vllm_sampling_mask.config import mask_enabled
-from vllm_sampling_mask.patches._http import (SamplingMaskGenerationError, StreamMasks,
-                                              arg, forward_body_field, mask_lists,
-                                              open_stream, recording, replace_arg)
-from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.config import serving_mask_enabled
+from vllm_sampling_mask.errors import SamplingMaskGenerationError
+from vllm_sampling_mask.patches._http import (StreamMasks, forward_body_field, mask_lists,
+                                              open_stream, recording)
+from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps
 
 
 def apply(module) -> None:
     from vllm.sampling_params import RequestOutputKind
 
-    def masks_on(serving) -> bool:
-        return mask_enabled(serving.engine_client.vllm_config)
-
     @wraps(module, "ServingTokens.serve_tokens")
     async def serve_tokens(wrapped, self, args, kwargs):
-        request = arg(args, kwargs, 0, "request")
+        request = argument(wrapped, args, kwargs, "request")
         forward_body_field(request.sampling_params, request.return_sampling_mask)
-        on = masks_on(self)
+        on = serving_mask_enabled(self)
         if (on or request.sampling_params.n > 1) and not request.stream:
             # One final output holding every child of n > 1.
             request.sampling_params.output_kind = RequestOutputKind.FINAL_ONLY
@@ -60,7 +62,7 @@ def apply(module) -> None:
     @wraps(module, "ServingTokens.serve_tokens_full_generator")
     async def serve_tokens_full_generator(wrapped, self, args, kwargs):
         final = {}
-        args, kwargs = replace_arg(args, kwargs, 1, "result_generator",
+        args, kwargs = with_argument(wrapped, args, kwargs, "result_generator",
                                    lambda results: recording(results, final))
         try:
             response = await wrapped(*args, **kwargs)
@@ -73,15 +75,14 @@ def apply(module) -> None:
 
     @wraps(module, "ServingTokens.serve_tokens_stream_generator")
     def serve_tokens_stream_generator(wrapped, self, args, kwargs):
-        n = arg(args, kwargs, 0, "request").sampling_params.n
-        if not masks_on(self):
+        n = argument(wrapped, args, kwargs, "request").sampling_params.n
+        if not serving_mask_enabled(self):
             if n > 1:
-                args, kwargs = replace_arg(args, kwargs, 1, "result_generator",
+                args, kwargs = with_argument(wrapped, args, kwargs, "result_generator",
                                            lambda results: every_choice_first(results, n))
             return wrapped(*args, **kwargs)
         masks = StreamMasks()
-        args, kwargs = replace_arg(
-            args, kwargs, 1, "result_generator",
+        args, kwargs = with_argument(wrapped, args, kwargs, "result_generator",
             lambda results: masks.watch(every_choice_first(results, n)))
         return masks.chunks(wrapped(*args, **kwargs))
 

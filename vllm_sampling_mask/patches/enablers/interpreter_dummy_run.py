@@ -11,8 +11,8 @@ Remove when: upstream initialises its dummy inputs, or the interpreter
     tolerates NaN in argmax.
 """
 
-from vllm_sampling_mask.interpreter import triton_interpreter_on
-from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.config import triton_interpreter_on
+from vllm_sampling_mask.patches._wrap import with_argument, wraps
 
 
 def apply(module) -> None:
@@ -22,6 +22,7 @@ def apply(module) -> None:
 
     @wraps(module, "GPUModelRunner._dummy_sampler_run")
     def _dummy_sampler_run(wrapped, self, args, kwargs):
-        hidden_states, *rest = args
-        finite = torch.nan_to_num(hidden_states, nan=0.0, posinf=0.0, neginf=0.0)
-        return wrapped(finite, *rest, **kwargs)
+        args, kwargs = with_argument(
+            wrapped, args, kwargs, "hidden_states",
+            lambda hidden: torch.nan_to_num(hidden, nan=0.0, posinf=0.0, neginf=0.0))
+        return wrapped(*args, **kwargs)

@@ -12,8 +12,9 @@ What: in `vllm/v1/engine/core.py`, only when `VLLM_SAMPLING_MASK_DEBUG_STATE=1`
     every group) and its blocks in use, and, through `collective_rpc` with
     `worker_state` (a module-level function, pickled by reference to the
     worker process), each worker's runner: V1 `requests`, `input_batch.num_reqs`
-    and the declared `pending_sampling_mask`; MRv2 `req_states.num_reqs` and the
-    sampler's declared `_pending_sampling_mask`. The fork's scheduler patch keeps
+    and MRv2 `req_states.num_reqs`, and whether the runner's mask state
+    (`SamplingMaskState`, the declared `sampling_mask`) holds a hand-off between
+    steps (`pending_sampling_mask`). The fork's scheduler patch keeps
     no per-request state of its own (it slices each step's masks in place), so
     there is nothing of the fork's to count there. Without the variable nothing
     changes and the method does not exist.
@@ -26,15 +27,17 @@ Remove when: keep: a test/diagnostic aid; upstream has no per-request state
 
 from __future__ import annotations
 
-import os
 import sys
 
-ENV = "VLLM_SAMPLING_MASK_DEBUG_STATE"
+from vllm_sampling_mask.config import DEBUG_STATE as ENV  # noqa: F401 (the tests set it)
+from vllm_sampling_mask.config import debug_state_enabled as enabled
+
 METHOD = "sampling_mask_debug_state"
 
 
-def enabled() -> bool:
-    return os.environ.get(ENV, "") in ("1", "true", "True")
+def _pending(runner) -> int:
+    state = runner.sampling_mask
+    return int(state is not None and (state.mask.pending or state.copy.pending))
 
 
 def worker_state(worker) -> dict:
@@ -45,13 +48,12 @@ def worker_state(worker) -> dict:
     if mrv2 is not None and isinstance(runner, mrv2.GPUModelRunner):
         return {"runner": "mrv2",
                 "requests": runner.req_states.num_reqs,
-                "pending_sampling_mask": int(runner.sampler._pending_sampling_mask
-                                             is not None)}
+                "pending_sampling_mask": _pending(runner)}
     if v1 is not None and isinstance(runner, v1.GPUModelRunner):
         return {"runner": "v1",
                 "requests": len(runner.requests),
                 "input_batch_requests": runner.input_batch.num_reqs,
-                "pending_sampling_mask": int(runner.pending_sampling_mask is not None)}
+                "pending_sampling_mask": _pending(runner)}
     return {"runner": type(runner).__name__}
 
 

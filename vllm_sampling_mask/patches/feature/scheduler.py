@@ -24,7 +24,7 @@ import numpy as np
 
 from vllm_sampling_mask.config import mask_enabled
 from vllm_sampling_mask.errors import MissingSamplingMaskError
-from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.wire import MaskedEngineCoreOutput
 
 
@@ -49,7 +49,7 @@ def apply(module) -> None:
         outputs = wrapped(*args, **kwargs)
         if not mask_enabled(self.vllm_config):
             return outputs
-        model_runner_output = args[1] if len(args) > 1 else kwargs["model_runner_output"]
+        model_runner_output = argument(wrapped, args, kwargs, "model_runner_output")
         masks = model_runner_output.sampling_masks
         index = model_runner_output.req_id_to_index
         failed = []

@@ -9,7 +9,13 @@ What: under TRITON_INTERPRET=1, wraps `triton.runtime.interpreter._patch_lang_co
     `range`. `tl.static_range` and the builtin `range` keep yielding ints
     (compiled Triton makes a `static_range` variable a constexpr). The patch
     goes away with the launch's language patch, as the interpreter's own does.
-    Nothing else changes: `apply_top_k_top_p` dispatches as upstream does.
+    Second seam: unless VLLM_SAMPLING_MASK_TRITON_TOPK=1, wraps
+    `apply_top_k_top_p` (vllm/v1/sample/ops/topk_topp_sampler.py) so that CPU
+    tensors with a top-k or top-p go to upstream's PyTorch path
+    (`apply_top_k_top_p_pytorch`, host syncs allowed) instead of the Triton
+    kernel, which HAS_TRITON (interpreter_has_triton) would otherwise pick for
+    every batch size on a CPU host; with the variable set, the kernel runs
+    interpreted (tests/test_engine_mrv2_topk_kernel.py).
 Why: compiled Triton makes a `tl.range` loop variable a tensor, but the
     interpreter turns `tl.range` into Python's `range`. `_topk_topp_kernel` in
     `vllm.v1.sample.ops.topk_topp_triton` calls `row_id.to(tl.int64)` on its
@@ -27,9 +33,8 @@ Remove when: Triton's interpreter yields tensors from `tl.range` (its
 from __future__ import annotations
 
 import operator
-import os
 
-from vllm_sampling_mask.interpreter import triton_interpreter_on
+from vllm_sampling_mask.config import interpreted_triton_top_k, triton_interpreter_on
 
 _applied = False  # wrapped once per process, whatever calls apply()
 
@@ -63,21 +68,19 @@ def _make_tensor_range(interpreter):
     return tensor_range
 
 
-TRITON_TOPK = "VLLM_SAMPLING_MASK_TRITON_TOPK"
-
-
 def apply(module) -> None:
     global _applied
     if _applied or not triton_interpreter_on():
         return
     import triton.runtime.interpreter as interpreter
 
-    from vllm_sampling_mask.patches._wrap import wraps
+    from vllm_sampling_mask.patches._wrap import argument, wraps
 
-    if os.environ.get(TRITON_TOPK, "0") in ("", "0"):
+    if not interpreted_triton_top_k():
         @wraps(module, "apply_top_k_top_p")
         def apply_top_k_top_p(wrapped, instance, args, kwargs):
-            logits, k, p = args
+            logits, k, p = (argument(wrapped, args, kwargs, name)
+                            for name in ("logits", "k", "p"))
             if logits.device.type == "cpu" and (k is not None or p is not None):
                 return module.apply_top_k_top_p_pytorch(logits, k, p, allow_cpu_sync=True)
             return wrapped(*args, **kwargs)
@@ -87,7 +90,7 @@ def apply(module) -> None:
     @wraps(interpreter, "_patch_lang_core")
     def _patch_lang_core(original, instance, args, kwargs):
         result = original(*args, **kwargs)
-        lang, scope = args[0], args[1]
+        lang, scope = (argument(original, args, kwargs, name) for name in ("lang", "scope"))
         scope.set_attr(lang, "range", tensor_range)  # restored with the launch's scope
         return result
 

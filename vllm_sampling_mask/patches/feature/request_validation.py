@@ -21,9 +21,24 @@ Remove when: upstream validates sampling-mask requests (vLLM #49577).
 from __future__ import annotations
 
 from vllm_sampling_mask.config import mask_enabled
-from vllm_sampling_mask.errors import check_request
-from vllm_sampling_mask.patches._wrap import wraps
-from vllm_sampling_mask.validation import MASK_ARG
+from vllm_sampling_mask.errors import SamplingMaskRequestError
+from vllm_sampling_mask.patches._wrap import argument, wraps
+from vllm_sampling_mask.validation import DEFAULT_MAX_SIZE, MASK_ARG, resolve_request
+
+
+def check_request(sampling_params, *, engine_on: bool = True,
+                  max_size: int = DEFAULT_MAX_SIZE) -> bool:
+    """Whether the request carries a mask; SamplingMaskRequestError if it cannot."""
+    requested = (sampling_params.extra_args or {}).get(MASK_ARG)
+    wants, problem = resolve_request(
+        engine_on=engine_on, requested=requested,
+        temperature=sampling_params.temperature, top_k=sampling_params.top_k,
+        top_p=sampling_params.top_p, min_p=sampling_params.min_p, max_size=max_size)
+    if problem is not None:
+        parameter, message = problem
+        value = requested if parameter == MASK_ARG else getattr(sampling_params, parameter)
+        raise SamplingMaskRequestError(message, parameter=parameter, value=value)
+    return wants
 
 
 def apply(module) -> None:
@@ -37,7 +52,7 @@ def apply(module) -> None:
     @wraps(module, "InputProcessor._validate_params")
     def _validate_params(wrapped, self, args, kwargs):
         wrapped(*args, **kwargs)
-        params = args[0] if args else kwargs["params"]
+        params = argument(wrapped, args, kwargs, "params")
         if isinstance(params, SamplingParams):
             check(self, params)
 

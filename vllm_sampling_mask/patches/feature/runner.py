@@ -1,0 +1,104 @@
+"""Model Runner V2's adapter to the mask state: build it, profile with it,
+start the mask's copy with the step's output copy.
+
+What: wraps, in `vllm/v1/worker/gpu/model_runner.py` (the CPU runner inherits
+    these), and declares `GPUModelRunner.sampling_mask` (None with the flag off):
+    - `load_model`, which builds `self.sampler`: with
+      `model_config.return_sampling_mask` it builds one `state.SamplingMaskState`
+      (per request slot, `max_num_reqs`; --max-sampling-mask-size) and hands it
+      to the runner and its sampler (`Sampler.sampling_mask`), and turns the
+      sampler's FlashInfer path off (it never materialises the processed
+      logits). A sampler that is not vLLM's `Sampler` (a model state's
+      `custom_sampler`) is refused;
+    - `_remove_request`: the freed request slot no longer wants a mask (the
+      sampler's `add_request` sets it for the next request there);
+    - `_dummy_sampler_run`: the memory-profiling run extracts inside
+      `state.profiling()` (widest rows, one wide-row slot per row), so the KV
+      cache is sized with the mask's largest per-step device memory included;
+    - `sample`: once the sampler returned `SamplerOutput.sampling_mask`, starts
+      its `transport.MaskCopy` on the output copy stream (after the main
+      stream, into the state's pinned pool on CUDA). Upstream's copy event,
+      recorded on that stream by the `AsyncOutput` built next, covers it; the
+      copy holds the device block until it is read;
+    - `sample_tokens`: hands that copy to the step's `AsyncOutput` (the
+      declared `AsyncOutput.sampling_mask_copy`, which `async_output` decodes).
+Why: the flag is configuration; passing it explicitly where the sampler is
+    built (instead of the sampler reading ambient config) means a sampler that
+    never got it cannot silently return no mask, and one state object per
+    runner replaces attributes and class-level flags on upstream classes.
+Remove when: upstream's `Sampler` takes the flag and carries the mask (vLLM #49577).
+"""
+
+from __future__ import annotations
+
+from vllm_sampling_mask.config import mask_enabled
+from vllm_sampling_mask.errors import MissingSamplingMaskError
+from vllm_sampling_mask.patches._wrap import argument, wraps
+from vllm_sampling_mask.state import SamplingMaskState, profiling
+from vllm_sampling_mask.transport import MaskCopy
+
+
+def apply(module) -> None:
+    from vllm.v1.worker.gpu import async_utils
+    from vllm.v1.worker.gpu.sample.sampler import Sampler
+
+    module.GPUModelRunner.sampling_mask: SamplingMaskState | None = None
+
+    @wraps(module, "GPUModelRunner.load_model")
+    def load_model(wrapped, self, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        if mask_enabled(self.vllm_config) and self.sampler is not None:
+            if type(self.sampler) is not Sampler:
+                raise ValueError(
+                    "--return-sampling-mask (return_sampling_mask=True) supports "
+                    f"vLLM's own Sampler, but this model uses {type(self.sampler)!r}: "
+                    "drop the flag for this model.")
+            self.sampling_mask = SamplingMaskState(
+                self.max_num_reqs, self.model_config.max_sampling_mask_size)
+            self.sampler.sampling_mask = self.sampling_mask
+            self.sampler.use_flashinfer = False
+        return result
+
+    @wraps(module, "GPUModelRunner._remove_request")
+    def _remove_request(wrapped, self, args, kwargs):
+        if self.sampling_mask is None:
+            return wrapped(*args, **kwargs)
+        slot = self.req_states.req_id_to_index.get(argument(wrapped, args, kwargs, "req_id"))
+        removed = wrapped(*args, **kwargs)
+        if removed and slot is not None:
+            self.sampling_mask.remove_request(slot)
+        return removed
+
+    @wraps(module, "GPUModelRunner._dummy_sampler_run")
+    def _dummy_sampler_run(wrapped, self, args, kwargs):
+        with profiling(self.sampling_mask):
+            return wrapped(*args, **kwargs)
+
+    @wraps(module, "GPUModelRunner.sample")
+    def sample(wrapped, self, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        state = self.sampling_mask
+        if state is not None:
+            mask = result[0].sampling_mask
+            if mask is None:
+                raise MissingSamplingMaskError(
+                    "GPUModelRunner.sample", "SamplerOutput.sampling_mask is None")
+            main, copy_stream = self.main_stream, self.output_copy_stream
+            with async_utils.stream(copy_stream, main):
+                copy_stream.wait_stream(main)
+                on_cuda = mask.block.device.type == "cuda"
+                state.copy.put(MaskCopy(mask, state.pool if on_cuda else None))
+        return result
+
+    @wraps(module, "GPUModelRunner.sample_tokens")
+    def sample_tokens(wrapped, self, args, kwargs):
+        out = wrapped(*args, **kwargs)
+        state = self.sampling_mask
+        if state is not None and state.copy.pending:
+            copy = state.copy.take("GPUModelRunner.sample_tokens")
+            if not isinstance(out, async_utils.AsyncOutput):
+                raise MissingSamplingMaskError(
+                    "GPUModelRunner.sample_tokens",
+                    f"a mask was extracted but the step returned {type(out).__name__}")
+            out.sampling_mask_copy = copy
+        return out

@@ -1,0 +1,131 @@
+"""The V1 model runner's adapter to the mask state (CPU hosts natively; MoE on CUDA).
+
+What: declares `GPUModelRunner.sampling_mask` (None with the flag off) and
+    wraps, in `vllm/v1/worker/gpu_model_runner.py` (the CPU runner inherits
+    these):
+    - `GPUModelRunner.__init__`, which builds `self.sampler`: with
+      `model_config.return_sampling_mask` it builds one
+      `state.SamplingMaskState` (per persistent-batch row, `max_num_reqs`) and
+      hands it to the runner and its sampler (`Sampler.sampling_mask`);
+    - `GPUModelRunner._may_reorder_batch`, the last change `_update_states`
+      makes to the persistent batch before `refresh_metadata` hands it to the
+      logits processors: the state applies the batch's pending update (rows
+      added with their sampling parameters, removed, moved by `condense`,
+      swapped by the reorder) to its per-row "wants a mask", as a logits
+      processor does; a step then reads it with one slice, no loop over rows;
+    - `GPUModelRunner._sample`: stages the batch's per-row top-k from the
+      host-side input batch (no device sync) for the sampler, and keeps the
+      returned `SamplerOutput.sampling_mask` in the state for `sample_tokens`;
+    - `GPUModelRunner.sample_tokens`: on the synchronous path decodes the mask
+      into the declared field `ModelRunnerOutput.sampling_masks`; on the
+      asynchronous path (CUDA's default) starts a `transport.MaskCopy` on the
+      runner's output copy stream (after the main stream), with its own event,
+      kept on the declared `AsyncGPUModelRunnerOutput.sampling_mask_copy`; the
+      copy holds the device block until read;
+    - `AsyncGPUModelRunnerOutput.get_output`: decodes it (after its event, host
+      work only) into `ModelRunnerOutput.sampling_masks`;
+    - `GPUModelRunner._dummy_sampler_run`: the memory-profiling run extracts
+      inside `state.profiling()`, so the KV cache is sized with it included.
+    Rows that sampled nothing (partial prefills) decode as empty.
+Why: the V1 runner is what CPU hosts run natively and what most MoE models get
+    on CUDA; its sampler applies custom logits processors before the support is
+    taken, so the mask includes them.
+Remove when: upstream carries the mask through the V1 runner (vLLM #49577 did
+    it for Model Runner V2 only).
+"""
+
+from __future__ import annotations
+
+from vllm_sampling_mask.config import mask_enabled
+from vllm_sampling_mask.errors import MissingSamplingMaskError
+from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.state import SamplingMaskState, profiling
+from vllm_sampling_mask.transport import MaskCopy
+
+
+def _lengths(sampled_token_ids) -> list[int]:
+    return [len(t) for t in sampled_token_ids]
+
+
+def _pending_batch_update(input_batch):
+    """(added, removed, moved) the batch will hand its logits processors next,
+    with `moved` as (from, to, is a swap)."""
+    from vllm.v1.sample.logits_processor.interface import MoveDirectionality
+
+    builder = input_batch.batch_update_builder
+    moved = [(a, b, d == MoveDirectionality.SWAP) for a, b, d in builder.moved]
+    return builder.added, builder.removed, moved
+
+
+def apply(module) -> None:
+    import torch
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    Runner = module.GPUModelRunner
+    AsyncOutput = module.AsyncGPUModelRunnerOutput
+    Runner.sampling_mask: SamplingMaskState | None = None
+    AsyncOutput.sampling_mask_copy: MaskCopy | None = None
+
+    @wraps(module, "GPUModelRunner.__init__")
+    def __init__(wrapped, self, args, kwargs):
+        wrapped(*args, **kwargs)
+        if mask_enabled(self.vllm_config):
+            self.sampling_mask = SamplingMaskState(
+                self.max_num_reqs, self.model_config.max_sampling_mask_size)
+            self.sampler.sampling_mask = self.sampling_mask
+
+    @wraps(module, "GPUModelRunner._may_reorder_batch")
+    def _may_reorder_batch(wrapped, self, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        if self.sampling_mask is not None:
+            self.sampling_mask.apply_batch_update(*_pending_batch_update(self.input_batch))
+        return result
+
+    @wraps(module, "GPUModelRunner._sample")
+    def _sample(wrapped, self, args, kwargs):
+        state = self.sampling_mask
+        if state is None:
+            return wrapped(*args, **kwargs)
+        state.stage_top_k(self.input_batch.top_k_cpu[:self.input_batch.num_reqs])
+        output = wrapped(*args, **kwargs)
+        state.mask.put(output.sampling_mask)
+        return output
+
+    @wraps(module, "GPUModelRunner.sample_tokens")
+    def sample_tokens(wrapped, self, args, kwargs):
+        out = wrapped(*args, **kwargs)
+        state = self.sampling_mask
+        if state is None or not state.mask.pending:  # nothing sampled; a step with tokens
+            return out                          # but no mask is refused by the scheduler
+        mask = state.mask.take("V1 GPUModelRunner.sample_tokens")
+        on_cuda = mask.block.device.type == "cuda"
+        pool = state.pool if on_cuda else None
+        if isinstance(out, ModelRunnerOutput):
+            copy = MaskCopy(mask, pool, record_event=on_cuda)
+            out.sampling_masks = copy.result(_lengths(out.sampled_token_ids))
+        elif isinstance(out, AsyncOutput):
+            if on_cuda:
+                stream, main = self.async_output_copy_stream, torch.cuda.current_stream()
+                with torch.cuda.stream(stream):
+                    stream.wait_stream(main)
+                    out.sampling_mask_copy = MaskCopy(mask, pool, record_event=True)
+            else:
+                out.sampling_mask_copy = MaskCopy(mask, None)
+        else:
+            raise MissingSamplingMaskError(
+                "V1 GPUModelRunner.sample_tokens",
+                f"a mask was extracted but the step returned {type(out).__name__}")
+        return out
+
+    @wraps(module, "AsyncGPUModelRunnerOutput.get_output")
+    def get_output(wrapped, self, args, kwargs):
+        output = wrapped(*args, **kwargs)
+        copy, self.sampling_mask_copy = self.sampling_mask_copy, None
+        if copy is not None:
+            output.sampling_masks = copy.result(_lengths(output.sampled_token_ids))
+        return output
+
+    @wraps(module, "GPUModelRunner._dummy_sampler_run")
+    def _dummy_sampler_run(wrapped, self, args, kwargs):
+        with profiling(self.sampling_mask):
+            return wrapped(*args, **kwargs)

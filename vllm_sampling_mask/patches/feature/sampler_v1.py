@@ -1,0 +1,62 @@
+"""Extract the sampling mask in the V1 model runner's sampler.
+
+What: in `vllm/v1/sample/sampler.py`, declares `Sampler.sampling_mask` (the
+    runner's `state.SamplingMaskState`; `runner_v1` sets it where upstream
+    builds the sampler; None with the flag off) and wraps `Sampler.sample` and
+    `Sampler.forward`. With a state, `sample` compacts, for the rows that want
+    a mask (`state.wants`, per persistent-batch row), the support of the
+    processed logprobs it returns (`log_softmax` of the logits it sampled from,
+    after every logits processor, custom ones included, penalties,
+    temperature, min-p and top-k/top-p: the same -inf set), laid out from the
+    batch's host-side top-k the runner staged (`state.take_top_k`); in the
+    memory-profiling run (`state.profiling()`) every row at the widest.
+    `forward` puts it on the declared field `SamplerOutput.sampling_mask`
+    (`state.mask.take`).
+Why: the sampler is the only place where the exact support exists. Processed
+    logprobs are always materialised in `processed_logprobs` mode (which the
+    flag requires), and in that mode upstream never picks the FlashInfer
+    sampler, so the mask costs no change of sampling kernel.
+Remove when: upstream's V1 sampler returns the support (vLLM #49577 did it for
+    Model Runner V2 only).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vllm_sampling_mask.errors import MissingSamplingMaskError
+from vllm_sampling_mask.extraction import no_rows
+from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.state import SamplingMaskState
+
+
+def apply(module) -> None:
+    module.Sampler.sampling_mask: SamplingMaskState | None = None
+
+    @wraps(module, "Sampler.sample")
+    def sample(wrapped, self, args, kwargs):
+        sampled, processed_logprobs = wrapped(*args, **kwargs)
+        state = self.sampling_mask
+        if state is None:
+            return sampled, processed_logprobs
+        rows = len(sampled)
+        if state.worst_case:   # the profiling run: every row, at the widest
+            top_k, wanted = np.zeros(rows, np.int64), np.ones(rows, bool)
+        else:
+            top_k, wanted = state.take_top_k("V1 Sampler.sample", rows), state.wants[:rows]
+        if processed_logprobs is None:   # an all-greedy batch
+            if wanted.any():
+                raise MissingSamplingMaskError(
+                    "V1 Sampler.sample", "no processed logprobs were computed for a "
+                    "batch in which some request wants a mask")
+            state.mask.put(no_rows(rows, sampled.device))
+        else:
+            state.mask.put(state.extract(processed_logprobs, top_k, wanted))
+        return sampled, processed_logprobs
+
+    @wraps(module, "Sampler.forward")
+    def forward(wrapped, self, args, kwargs):
+        output = wrapped(*args, **kwargs)
+        if self.sampling_mask is not None:
+            output.sampling_mask = self.sampling_mask.mask.take("V1 Sampler.forward")
+        return output
