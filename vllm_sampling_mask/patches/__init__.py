@@ -16,6 +16,9 @@ REGISTRY: dict[str, str] = {
     "interpreter_dummy_run": "vllm.v1.worker.gpu.model_runner",
     # A top_p = 1 row's support, whatever else its batch holds.
     "top_p_one_rows": "vllm.v1.sample.ops.topk_topp_sampler",
+    # The V1 runner on a CPU host: seeded rows draw from their own generators in
+    # batches that also hold greedy or unseeded rows (an upstream bug fix).
+    "cpu_seeded_sampling": "vllm.v1.sample.ops.topk_topp_sampler",
     # The V1 runner on a CPU host: seeded requests with chunked prompts.
     "cpu_generator_rewind": "vllm.v1.worker.gpu_model_runner",
     # The engine flag and its validation.
