@@ -33,7 +33,8 @@ from collections.abc import AsyncGenerator
 from vllm_sampling_mask.config import mask_enabled
 from vllm_sampling_mask.patches._http import (SamplingMaskGenerationError, StreamMasks,
                                               arg, forward_body_field, mask_lists,
-                                              open_stream, recording, replace_arg)
+                                              open_stream, packed_format, recording,
+                                              replace_arg)
 from vllm_sampling_mask.patches._wrap import wraps
 
 
@@ -67,19 +68,21 @@ def apply(module) -> None:
         except SamplingMaskGenerationError as exc:
             return self.create_error_response(exc)
         if isinstance(response, module.GenerateResponse):
+            packed = packed_format(arg(args, kwargs, 0, "request"))
             for choice in response.choices:
-                choice.sampling_mask = mask_lists(final[choice.index])
+                choice.sampling_mask = mask_lists(final[choice.index], packed)
         return response
 
     @wraps(module, "ServingTokens.serve_tokens_stream_generator")
     def serve_tokens_stream_generator(wrapped, self, args, kwargs):
-        n = arg(args, kwargs, 0, "request").sampling_params.n
+        request = arg(args, kwargs, 0, "request")
+        n = request.sampling_params.n
         if not masks_on(self):
             if n > 1:
                 args, kwargs = replace_arg(args, kwargs, 1, "result_generator",
                                            lambda results: every_choice_first(results, n))
             return wrapped(*args, **kwargs)
-        masks = StreamMasks()
+        masks = StreamMasks(packed=packed_format(request))
         args, kwargs = replace_arg(
             args, kwargs, 1, "result_generator",
             lambda results: masks.watch(every_choice_first(results, n)))

@@ -21,8 +21,9 @@ Remove when: upstream vLLM PR #49577 (sampling masks upstream, vLLM 0.28)
 from __future__ import annotations
 
 from vllm_sampling_mask.config import mask_enabled
-from vllm_sampling_mask.patches._http import (StreamMasks, create_with_masks, mask_lists,
-                                              recording, replace_arg)
+from vllm_sampling_mask.patches._http import (StreamMasks, arg, create_with_masks,
+                                              mask_lists, packed_format, recording,
+                                              replace_arg)
 from vllm_sampling_mask.patches._wrap import wraps
 
 
@@ -41,14 +42,15 @@ def apply(module) -> None:
                                    lambda results: recording(results, final))
         response = await wrapped(*args, **kwargs)
         if isinstance(response, module.ChatCompletionResponse):
+            packed = packed_format(arg(args, kwargs, 0, "request"))
             for choice in response.choices:
-                choice.sampling_mask = mask_lists(final[choice.index])
+                choice.sampling_mask = mask_lists(final[choice.index], packed)
         return response
 
     @wraps(module, "OpenAIServingChat.chat_completion_stream_generator")
     def chat_completion_stream_generator(wrapped, self, args, kwargs):
         if not masks_on(self):
             return wrapped(*args, **kwargs)
-        masks = StreamMasks()
+        masks = StreamMasks(packed=packed_format(arg(args, kwargs, 0, "request")))
         args, kwargs = replace_arg(args, kwargs, 1, "result_generator", masks.watch)
         return masks.chunks(wrapped(*args, **kwargs))

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from vllm_sampling_mask.config import mask_enabled
 from vllm_sampling_mask.patches._http import (StreamMasks, arg, create_with_masks,
-                                              mask_lists, raise_mask_errors, replace_arg)
+                                              mask_lists, packed_format, raise_mask_errors,
+                                              replace_arg)
 from vllm_sampling_mask.patches._wrap import wraps
 
 
@@ -42,16 +43,18 @@ def apply(module) -> None:
         completions = [c for res in final_res_batch for c in res.outputs]
         raise_mask_errors(completions)
         response = wrapped(*args, **kwargs)
+        packed = packed_format(arg(args, kwargs, 1, "request"))
         for choice, completion in zip(response.choices, completions, strict=True):
-            choice.sampling_mask = mask_lists(completion)
+            choice.sampling_mask = mask_lists(completion, packed)
         return response
 
     @wraps(module, "OpenAIServingCompletion.completion_stream_generator")
     def completion_stream_generator(wrapped, self, args, kwargs):
         if not masks_on(self):
             return wrapped(*args, **kwargs)
-        n = arg(args, kwargs, 0, "request").n or 1
+        request = arg(args, kwargs, 0, "request")
+        n = request.n or 1
         masks = StreamMasks(lambda prompt, completion: completion.index + prompt * n,
-                            indexed=True)
+                            indexed=True, packed=packed_format(request))
         args, kwargs = replace_arg(args, kwargs, 2, "result_generator", masks.watch)
         return masks.chunks(wrapped(*args, **kwargs))
