@@ -100,3 +100,15 @@ def test_the_packed_wire_is_smaller_than_lists_at_a_large_vocabulary():
     lists = len(json.dumps(mask.token_ids, separators=(",", ":")))
     packed = len(json.dumps(mask.to_packed(), separators=(",", ":")))
     assert packed < 0.5 * lists
+
+
+def test_the_fast_encoder_writes_the_general_encoders_bytes():
+    """Values below 2**21 take the 3-byte table; at and past it, the general one."""
+    edges = [0, 1, 127, 128, 16383, 16384, 2**21 - 2, 2**21 - 1]
+    for top in (2**21 - 1, 2**21, 2**21 + 5):
+        ids = np.array(sorted(set(edges + [top])), np.int64)
+        counts = np.array([len(ids)])
+        raw = base64.b64decode(encode_packed(ids, counts)["data"])
+        deltas = np.concatenate([ids[:1], np.diff(ids) - 1])
+        assert raw == encode_varints(np.concatenate([counts, deltas]))
+        assert np.array_equal(decode_packed(encode_packed(ids, counts))[0], ids)

@@ -83,24 +83,57 @@ def decode_varints(data: bytes | np.ndarray) -> np.ndarray:
     return np.add.reduceat(contrib, starts).astype(np.int64)
 
 
-def encode_packed(ids: np.ndarray, counts: np.ndarray) -> dict:
+_FAST_LIMIT = 1 << 21   # values below it take at most 3 varint bytes
+
+
+def _varints_3(v: np.ndarray) -> bytes:
+    """`encode_varints` of uint32 values below 2**21 (ids and counts of any real
+    vocabulary): a `[n, 3]` byte table in uint32/uint8 arithmetic, the written
+    bytes picked row-major."""
+    c1 = v >= 0x80
+    c2 = v >= 0x4000
+    table = np.empty((len(v), 3), np.uint8)
+    table[:, 0] = (v & 0x7F) | (c1.view(np.uint8) << 7)
+    table[:, 1] = ((v >> 7) & 0x7F) | (c2.view(np.uint8) << 7)
+    table[:, 2] = v >> 14
+    written = np.empty((len(v), 3), bool)
+    written[:, 0] = True
+    written[:, 1] = c1
+    written[:, 2] = c2
+    return table[written].tobytes()
+
+
+def encode_packed(ids: np.ndarray, counts: np.ndarray | None = None, *,
+                  offsets: np.ndarray | None = None) -> dict:
     """The packed JSON object of a mask: `ids` every support concatenated in
-    generation order (each ascending), `counts` the size of each support."""
-    ids = np.asarray(ids).astype(np.int64, copy=False).reshape(-1)
-    counts = np.asarray(counts).astype(np.int64, copy=False).reshape(-1)
-    values = np.empty(len(counts) + len(ids), np.int64)
-    values[:len(counts)] = counts
-    deltas = values[len(counts):]
-    if len(ids):
+    generation order (each strictly ascending), and either `counts` (the size of
+    each support) or `offsets` (`SamplingMask.offsets`, length T + 1)."""
+    ids = np.asarray(ids).reshape(-1)
+    if offsets is None:
+        counts = np.asarray(counts).astype(np.int64, copy=False).reshape(-1)
+        offsets = np.zeros(len(counts) + 1, np.int64)
+        np.cumsum(counts, out=offsets[1:])
+    else:
+        offsets = np.asarray(offsets).astype(np.int64, copy=False).reshape(-1)
+    tokens, n = len(offsets) - 1, len(ids)
+    values = np.empty(tokens + n, np.int64)
+    np.subtract(offsets[1:], offsets[:-1], out=values[:tokens])
+    deltas = values[tokens:]
+    if n:
         deltas[0] = ids[0]
-        np.subtract(ids[1:], ids[:-1] + 1, out=deltas[1:])
-        starts = np.cumsum(counts[:-1])
-        starts = starts[starts < len(ids)]      # empty supports start nowhere new
+        np.subtract(ids[1:], ids[:-1], out=deltas[1:], casting="unsafe")
+        deltas[1:] -= 1
+        starts = offsets[:-1]
+        starts = starts[starts < n]             # empty supports start nowhere new
         deltas[starts] = ids[starts]
         if deltas.min() < 0:
             raise ValueError("packed sampling mask: each support must be strictly ascending")
-    return {"format": PACKED_FORMAT, "tokens": len(counts),
-            "data": base64.b64encode(encode_varints(values)).decode("ascii")}
+    if len(values) and values.max() < _FAST_LIMIT:
+        raw = _varints_3(values.astype(np.uint32))
+    else:
+        raw = encode_varints(values)
+    return {"format": PACKED_FORMAT, "tokens": tokens,
+            "data": base64.b64encode(raw).decode("ascii")}
 
 
 def is_packed(value) -> bool:

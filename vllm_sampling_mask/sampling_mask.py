@@ -136,7 +136,7 @@ class SamplingMask:
 
     def to_packed(self) -> dict:
         """The packed wire object of this mask (`packed_wire.encode_packed`)."""
-        return encode_packed(self.ids, self.sizes)
+        return encode_packed(self.ids, offsets=self.offsets)
 
     # -- views ---------------------------------------------------------------
     @property

@@ -149,7 +149,7 @@ def mask_lists(completion, packed: bool = False) -> list[list[int]] | dict | Non
 
 def mask_payload(mask: SamplingMask, packed: bool) -> list[list[int]] | dict:
     """A mask as the response carries it: JSON lists, or the packed object."""
-    return encode_packed(mask.ids, mask.sizes) if packed else mask.token_ids
+    return encode_packed(mask.ids, offsets=mask.offsets) if packed else mask.token_ids
 
 
 def packed_format(request) -> bool:
