@@ -34,10 +34,9 @@ outcome must satisfy (`Checker.check`):
   each returned logprob is log_softmax over the returned support.
 
 `replay_crowd` adds: a seeded request gives the same tokens and masks alone and
-among other requests. vLLM's V1 CPU sampler honours seeds only when every row of
-the batch is seeded (`TopKTopPSampler.forward_cpu`: with fewer generators than
-rows it draws every row from the global generator), so its crowd is all-seeded
-and temperature > 0 (a greedy row has no generator either).
+among other requests. Its crowd is all-seeded and temperature > 0: written when
+vLLM's V1 CPU sampler honoured seeds only in all-seeded batches (fixed since by
+`patches/cpu_seeded_sampling`; mixed crowds: tests/test_seeded_replay_v1.py).
 """
 
 from __future__ import annotations

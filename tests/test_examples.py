@@ -14,6 +14,8 @@ import re
 import subprocess
 import sys
 
+from vllm_sampling_mask import DEMO_MODEL
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(ROOT, "docs", "rl_recipes.md")
 SET_BY_TESTS = ("TRITON_INTERPRET", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_CPU_KVCACHE_SPACE",
@@ -54,11 +56,73 @@ def test_recipe_code_blocks_run_in_order(tmp_path):
     assert float(steps[2][1]) < float(steps[0][1])  # the clipped surrogate went down
 
 
+def _sketch(words: str) -> str:
+    (block,) = [b for b in fenced(read(RECIPES), "python sketch") if words in b]
+    ast.parse(block)
+    return block
+
+
 def test_recipe_sketches_are_valid_python():
     sketches = fenced(read(RECIPES), "python sketch")
     assert sketches
     for block in sketches:
         ast.parse(block)
+
+
+def test_the_server_sketch_runs_against_a_real_server(mask_server):
+    """The "with a real server" sketch, run as printed against the shared server
+    (V1 runner, mask on): only its URL changes, and `MODEL` / `messages` are given."""
+    block = _sketch("client.chat.completions.create")
+    url = "http://localhost:8000/v1"
+    assert block.count(url) == 1
+    scope = {"MODEL": DEMO_MODEL,
+             "messages": [{"role": "user", "content": "Write a function that sorts."}]}
+    exec(compile(block.replace(url, mask_server + "/v1"), "rl_recipes:server", "exec"),
+         scope)
+    masks, token_ids, old = scope["masks"], scope["token_ids"], scope["old_logprobs"]
+    assert len(masks) == len(scope["chat"].choices) == 8
+    assert sum(len(m) for m in masks) == len(token_ids) == len(old) > 8
+    for mask, choice in zip(masks, scope["chat"].choices):
+        assert len(mask) == len(choice.token_ids)
+        assert all(t in set(s.tolist()) for t, s in zip(choice.token_ids, mask))
+        assert 1 <= max(mask.sizes) <= 50
+    assert all(lp <= 0 for lp in old)
+
+
+def test_the_hook_sketch_runs_and_matches_per_sequence_replay():
+    """The loop hook sketch (`sampled_logprobs`) on a padded batch: each sequence's
+    rows equal `nucleus_logprobs` of that sequence alone, padding is zero."""
+    import numpy as np
+    import torch
+
+    from vllm_sampling_mask import SamplingMask
+    from vllm_sampling_mask.training import nucleus_logprobs, pack_masks
+
+    scope = {"torch": torch, "pack_masks": pack_masks, "nucleus_logprobs": nucleus_logprobs}
+    exec(compile(_sketch("def sampled_logprobs"), "rl_recipes:hook", "exec"), scope)
+    g = torch.Generator().manual_seed(0)
+    rng = np.random.default_rng(0)
+    B, L, V, T = 3, 6, 40, 0.7
+    logits = torch.randn(B, L, V, generator=g)
+    lengths = [6, 0, 3]                           # one empty sequence, one padded
+    response_mask = torch.zeros(B, L, dtype=torch.long)
+    responses = torch.zeros(B, L, dtype=torch.long)
+    masks = []
+    for b, n in enumerate(lengths):
+        response_mask[b, :n] = 1
+        rows = [np.sort(rng.choice(V, int(rng.integers(1, 10)), replace=False))
+                for _ in range(n)]
+        for t, row in enumerate(rows):
+            responses[b, t] = int(rng.choice(row))
+        masks.append(SamplingMask.from_lists(rows))
+    out = scope["sampled_logprobs"](logits, responses, response_mask, masks, T)
+    assert out.shape == (B, L)
+    for b, n in enumerate(lengths):
+        assert torch.all(out[b, n:] == 0)
+        if n:
+            want = nucleus_logprobs(logits[b, :n], responses[b, :n], pack_masks([masks[b]]), T)
+            assert torch.allclose(out[b, :n], want, atol=1e-6)
+            assert torch.all(out[b, :n] <= 0)
 
 
 def test_grpo_step_example_runs_as_documented():

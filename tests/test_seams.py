@@ -350,6 +350,23 @@ SOURCE_USES["top_p_one_rows"] = [
 ]
 
 
+FUNCTIONS["cpu_seeded_sampling"] = [
+    ("vllm.v1.sample.ops.topk_topp_sampler", "TopKTopPSampler.forward_cpu",
+     ["self", "logits", "generators", "k", "p"]),
+    ("vllm.v1.sample.ops.topk_topp_sampler", "empty_exponential_noise_like",
+     ["probs", "use_fp64_gumbel"]),
+    ("vllm.v1.sample.ops.topk_topp_sampler", "sample_with_exponential_noise",
+     ["probs", "q"]),
+]
+# the condition the patch takes over, and what upstream returns per logprobs mode
+SOURCE_USES["cpu_seeded_sampling"] = [
+    ("vllm.v1.sample.ops.topk_topp_sampler", "TopKTopPSampler.forward_cpu",
+     ["len(generators) != logits.shape[0]", "apply_top_k_top_p(logits, k, p)",
+      'self.logprobs_mode == "processed_logits"',
+      'self.logprobs_mode == "processed_logprobs"',
+      "q[i].exponential_(generator=generator)"]),
+]
+
 # Shutdown: AsyncLLM.shutdown stops the engine core, then the pending requests are
 # aborted in the output processor on the output handler's loop; a request arriving
 # later fails on the dead flag that the client's resources set.

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from vllm_sampling_mask.packed_wire import decode_packed, encode_packed, is_packed
+
 __all__ = ["SamplingMask"]
 
 
@@ -76,7 +78,9 @@ class SamplingMask:
         client's objects: one choice (`response["choices"][i]`), a whole
         response, or, for a streamed request, the list of its chunks or of their
         choices (chunks without choices, like the usage chunk, are skipped).
-        `index` picks the choice where there are several (n > 1, several
+        Each choice's (or chunk's) `sampling_mask` may be JSON lists or the packed
+        object (`sampling_mask_format: "packed"`, see `packed_wire`); both decode
+        to the same mask. `index` picks the choice where there are several (n > 1, several
         prompts); without it there must be only one. A streamed choice's mask is
         its chunks' masks joined in order, so it equals the non-streamed one.
 
@@ -105,7 +109,7 @@ class SamplingMask:
         elif index not in indices:
             raise ValueError(f"SamplingMask.from_response: no choice with index {index} "
                              f"(choices {indices})")
-        rows: list[list[int]] = []
+        pieces: list[SamplingMask] = []
         for k, choice in enumerate(c for c in choices if c["index"] == index):
             if "sampling_mask" not in choice:
                 raise ValueError(
@@ -118,13 +122,21 @@ class SamplingMask:
                     "sampling_mask null: it was served without a mask (the request "
                     "said return_sampling_mask false, or null with an untruncated "
                     "distribution, or the server runs without --return-sampling-mask)")
+            if is_packed(lists):
+                piece = cls.from_counts(*decode_packed(_plain(lists)))
+            else:
+                piece = cls.from_lists(lists)
             token_ids = choice.get("token_ids")
-            if token_ids is not None and len(token_ids) != len(lists):
+            if token_ids is not None and len(token_ids) != len(piece):
                 raise ValueError(
                     f"SamplingMask.from_response: choice {index} (part {k}) has "
-                    f"{len(lists)} supports for {len(token_ids)} token_ids")
-            rows.extend(lists)
-        return cls.from_lists(rows)
+                    f"{len(piece)} supports for {len(token_ids)} token_ids")
+            pieces.append(piece)
+        return cls.concat(pieces)
+
+    def to_packed(self) -> dict:
+        """The packed wire object of this mask (`packed_wire.encode_packed`)."""
+        return encode_packed(self.ids, offsets=self.offsets)
 
     # -- views ---------------------------------------------------------------
     @property

@@ -76,6 +76,11 @@ _RECORDS = (
           NONE_KNOWN + "'CPU Generator does not use offset' for seeded requests "
           "with chunked prompts (GPUModelRunner._bookkeeping_sync rewinds with set_offset)",
           "upstream rewinds CPU generators (get_state/set_state)"),
+    Patch("cpu_seeded_sampling", (TOPK,), WORKER, X,
+          NONE_KNOWN + "V1 CPU sampler ignores per-request seeds when the batch mixes "
+          "seeded and unseeded/greedy rows (TopKTopPSampler.forward_cpu, "
+          "len(generators) != logits.shape[0])",
+          "upstream's forward_cpu draws seeded rows from their generators in mixed batches"),
     Patch("token_id_validation", (INPUT,), API, X,
           NONE_KNOWN + "token ids out of the model's vocabulary kill the engine "
           "(prompt id == vocab size, stop_token_ids unchecked, 64-bit overflow is a 500)",

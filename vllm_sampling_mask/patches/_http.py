@@ -3,6 +3,9 @@
 
 - the `return_sampling_mask` body field: its declaration, and its way into the
   request's own `SamplingParams.extra_args` (where the input processor decides);
+- the `sampling_mask_format` body field ("lists", the default, or "packed": the
+  compact encoding of `vllm_sampling_mask.packed_wire`): an API-server choice of
+  how `choices[].sampling_mask` is written, full responses and stream chunks;
 - a completion the mask path ended (`CompletionOutput.sampling_mask_error`):
   `SamplingMaskGenerationError`, an HTTP 400 carrying the message (an error event
   in a stream), never upstream's 500 "Internal server error";
@@ -21,9 +24,12 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable
 
+from typing import Literal
+
 from pydantic import Field, StrictBool, model_validator
 
 from vllm_sampling_mask.errors import SamplingMaskGenerationError
+from vllm_sampling_mask.packed_wire import encode_packed
 from vllm_sampling_mask.patches._wrap import argument
 from vllm_sampling_mask.sampling_mask import SamplingMask
 from vllm_sampling_mask.validation import MASK_ARG
@@ -41,8 +47,21 @@ def body_field():
         "when the server's flag is on and the distribution is truncated."))
 
 
-# The response choice field: one list of ids per generated token, or null.
-MaskField = list[list[int]] | None
+# The request body field `sampling_mask_format` (top level, like the one above).
+FORMAT_ARG = "sampling_mask_format"
+FormatField = Literal["lists", "packed"] | None
+
+
+def format_field():
+    return Field(default=None, description=(
+        "How `choices[].sampling_mask` is written: \"lists\" (default) one JSON list "
+        "of ids per token; \"packed\" one object {format, tokens, data} with the "
+        "supports varint-encoded in base64 (docs/sampling_mask.md, Packed wire)."))
+
+
+# The response choice field: one list of ids per generated token, the packed
+# object (`packed_wire.encode_packed`), or null.
+MaskField = list[list[int]] | dict[str, str | int] | None
 
 
 def forward_body_field(params, value):
@@ -71,7 +90,8 @@ def declare_openai_fields(module, request: str, choice: str, response: str) -> N
     from vllm_sampling_mask.patches._wrap import wraps
 
     Request = type(request, (getattr(module, request),),
-                   {"__annotations__": {MASK_ARG: BodyField}, MASK_ARG: body_field(),
+                   {"__annotations__": {MASK_ARG: BodyField, FORMAT_ARG: FormatField},
+                    MASK_ARG: body_field(), FORMAT_ARG: format_field(),
                     "_body_is_an_object": model_validator(mode="before")(
                         classmethod(body_is_an_object)),
                     "__module__": module.__name__})
@@ -115,11 +135,22 @@ def raise_mask_errors(completions) -> None:
             raise SamplingMaskGenerationError(completion.sampling_mask_error)
 
 
-def mask_lists(completion) -> list[list[int]] | None:
-    """A final `CompletionOutput`'s mask as a response choice carries it."""
+def mask_lists(completion, packed: bool = False) -> list[list[int]] | dict | None:
+    """A final `CompletionOutput`'s mask as a response choice carries it (the
+    packed object when the request said `sampling_mask_format: "packed"`)."""
     raise_mask_errors([completion])
     mask = completion.sampling_mask
-    return None if mask is None else mask.token_ids
+    return None if mask is None else mask_payload(mask, packed)
+
+
+def mask_payload(mask: SamplingMask, packed: bool) -> list[list[int]] | dict:
+    """A mask as the response carries it: JSON lists, or the packed object."""
+    return encode_packed(mask.ids, offsets=mask.offsets) if packed else mask.token_ids
+
+
+def packed_format(request) -> bool:
+    """Whether the request asked for the packed wire (`sampling_mask_format`)."""
+    return request.sampling_mask_format == "packed"
 
 
 async def recording(results: AsyncIterator, final: dict):
@@ -151,12 +182,13 @@ class StreamMasks:
     """
 
     def __init__(self, choice_index: Callable[[int, object], int] | None = None,
-                 indexed: bool = False) -> None:
+                 indexed: bool = False, packed: bool = False) -> None:
         # (prompt index, CompletionOutput) -> the chunk's choice index
         self._choice_index = choice_index or (lambda _prompt, completion: completion.index)
         self._indexed = indexed  # results are (prompt index, RequestOutput) pairs
         self._pending: dict[int, list[SamplingMask]] = {}
         self._masked = False
+        self._packed = packed    # `sampling_mask_format: "packed"`
 
     async def watch(self, results: AsyncIterator):
         try:
@@ -188,7 +220,7 @@ class StreamMasks:
             return event  # [DONE], an error event, the usage chunk
         for choice in chunk["choices"]:
             parts = self._pending.pop(choice["index"], [])
-            choice["sampling_mask"] = (SamplingMask.concat(parts).token_ids
+            choice["sampling_mask"] = (mask_payload(SamplingMask.concat(parts), self._packed)
                                        if self._masked else None)
         return f"data: {json.dumps(chunk, ensure_ascii=False, separators=(',', ':'))}\n\n"
 

@@ -3,7 +3,9 @@
 
 What: in `vllm/entrypoints/openai/completion/protocol.py`, replaces
     `CompletionRequest` with a subclass that declares the body field
-    `return_sampling_mask: bool | None` (strict: "yes" is a 400 naming it) and
+    `return_sampling_mask: bool | None` (strict: "yes" is a 400 naming it)
+    and `sampling_mask_format: "lists" | "packed" | None` (the packed wire, any
+    other value a 400 naming it) and
     whose `to_sampling_params` puts it into the request's
     `SamplingParams.extra_args["return_sampling_mask"]` (other extra args kept;
     absent leaves them alone), where the input processor decides; and

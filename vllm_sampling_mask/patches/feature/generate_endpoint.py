@@ -38,7 +38,7 @@ from collections.abc import AsyncGenerator
 from vllm_sampling_mask.config import serving_mask_enabled
 from vllm_sampling_mask.errors import SamplingMaskGenerationError
 from vllm_sampling_mask.patches._http import (StreamMasks, forward_body_field, mask_lists,
-                                              open_stream, recording)
+                                              open_stream, packed_format, recording)
 from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps
 
 
@@ -69,19 +69,21 @@ def apply(module) -> None:
         except SamplingMaskGenerationError as exc:
             return self.create_error_response(exc)
         if isinstance(response, module.GenerateResponse):
+            packed = packed_format(argument(wrapped, args, kwargs, "request"))
             for choice in response.choices:
-                choice.sampling_mask = mask_lists(final[choice.index])
+                choice.sampling_mask = mask_lists(final[choice.index], packed)
         return response
 
     @wraps(module, "ServingTokens.serve_tokens_stream_generator")
     def serve_tokens_stream_generator(wrapped, self, args, kwargs):
-        n = argument(wrapped, args, kwargs, "request").sampling_params.n
+        request = argument(wrapped, args, kwargs, "request")
+        n = request.sampling_params.n
         if not serving_mask_enabled(self):
             if n > 1:
                 args, kwargs = with_argument(wrapped, args, kwargs, "result_generator",
                                            lambda results: every_choice_first(results, n))
             return wrapped(*args, **kwargs)
-        masks = StreamMasks()
+        masks = StreamMasks(packed=packed_format(request))
         args, kwargs = with_argument(wrapped, args, kwargs, "result_generator",
             lambda results: masks.watch(every_choice_first(results, n)))
         return masks.chunks(wrapped(*args, **kwargs))

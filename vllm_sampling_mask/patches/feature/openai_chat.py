@@ -21,8 +21,9 @@ Remove when: upstream vLLM PR #49577 (sampling masks upstream, vLLM 0.28)
 from __future__ import annotations
 
 from vllm_sampling_mask.config import serving_mask_enabled
-from vllm_sampling_mask.patches._http import StreamMasks, create_with_masks, mask_lists, recording
-from vllm_sampling_mask.patches._wrap import with_argument, wraps
+from vllm_sampling_mask.patches._http import (StreamMasks, create_with_masks, mask_lists,
+                                              packed_format, recording)
+from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps
 
 
 def apply(module) -> None:
@@ -37,14 +38,15 @@ def apply(module) -> None:
                                    lambda results: recording(results, final))
         response = await wrapped(*args, **kwargs)
         if isinstance(response, module.ChatCompletionResponse):
+            packed = packed_format(argument(wrapped, args, kwargs, "request"))
             for choice in response.choices:
-                choice.sampling_mask = mask_lists(final[choice.index])
+                choice.sampling_mask = mask_lists(final[choice.index], packed)
         return response
 
     @wraps(module, "OpenAIServingChat.chat_completion_stream_generator")
     def chat_completion_stream_generator(wrapped, self, args, kwargs):
         if not serving_mask_enabled(self):
             return wrapped(*args, **kwargs)
-        masks = StreamMasks()
+        masks = StreamMasks(packed=packed_format(argument(wrapped, args, kwargs, "request")))
         args, kwargs = with_argument(wrapped, args, kwargs, "result_generator", masks.watch)
         return masks.chunks(wrapped(*args, **kwargs))

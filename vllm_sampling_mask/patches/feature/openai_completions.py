@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from vllm_sampling_mask.config import serving_mask_enabled
 from vllm_sampling_mask.patches._http import (StreamMasks, create_with_masks, mask_lists,
-                                              raise_mask_errors)
+                                              packed_format, raise_mask_errors)
 from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps
 
 
@@ -39,16 +39,18 @@ def apply(module) -> None:
         completions = [c for res in final_res_batch for c in res.outputs]
         raise_mask_errors(completions)
         response = wrapped(*args, **kwargs)
+        packed = packed_format(argument(wrapped, args, kwargs, "request"))
         for choice, completion in zip(response.choices, completions, strict=True):
-            choice.sampling_mask = mask_lists(completion)
+            choice.sampling_mask = mask_lists(completion, packed)
         return response
 
     @wraps(module, "OpenAIServingCompletion.completion_stream_generator")
     def completion_stream_generator(wrapped, self, args, kwargs):
         if not serving_mask_enabled(self):
             return wrapped(*args, **kwargs)
-        n = argument(wrapped, args, kwargs, "request").n or 1
+        request = argument(wrapped, args, kwargs, "request")
+        n = request.n or 1
         masks = StreamMasks(lambda prompt, completion: completion.index + prompt * n,
-                            indexed=True)
+                            indexed=True, packed=packed_format(request))
         args, kwargs = with_argument(wrapped, args, kwargs, "result_generator", masks.watch)
         return masks.chunks(wrapped(*args, **kwargs))

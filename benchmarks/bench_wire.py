@@ -1,0 +1,145 @@
+"""The mask's wire: JSON lists against the packed encoding, same masks, one run.
+
+For each workload, every mask goes through both of the API server's encoders,
+exactly as the route patches call them (`_http.mask_payload`, then JSON as the
+response is written: pydantic for a full response's choice field, `json.dumps`
+for a stream chunk), and is decoded back with `SamplingMask.from_response`
+(checked equal). Printed per workload and per shape (a full response of T tokens;
+a stream chunk of one token):
+
+    bytes/id     the JSON text of the `sampling_mask` value, over the ids it holds
+    enc us/tok   API-server CPU (process time) to encode, per masked token
+    packed/lists the ratio of the two encoders' CPU time
+
+Workloads:
+    prime-rl   V = 151,936, support sizes lognormal with mean ~8 and p99 ~80
+               (clipped to [1, 2048]), ids uniform (a random-weight model's supports)
+    top_k50    V = 151,936, every support 50 ids, uniform
+    demo       masks the demo model returns over HTTP (`--demo`: starts one server
+               on the V1 runner, asks the same seeded requests with each format;
+               both formats must decode to the same masks)
+
+    python benchmarks/bench_wire.py                 # the synthetic workloads
+    python benchmarks/bench_wire.py --demo          # and the demo model over HTTP
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import time
+
+import numpy as np
+
+from vllm_sampling_mask.packed_wire import encode_packed
+from vllm_sampling_mask.sampling_mask import SamplingMask
+
+V_BIG = 151_936
+
+
+def _pydantic_adapter():
+    from pydantic import TypeAdapter
+    return TypeAdapter(list[list[int]] | dict[str, str | int] | None)
+
+
+def synthetic(kind: str, tokens: int, rng) -> SamplingMask:
+    if kind == "prime-rl":
+        sizes = np.clip(np.rint(rng.lognormal(1.058, 1.429, tokens)), 1, 2048).astype(int)
+    else:
+        sizes = np.full(tokens, 50)
+    rows = [np.sort(rng.choice(V_BIG, s, replace=False)) for s in sizes]
+    return SamplingMask.from_lists(rows)
+
+
+def payload(mask: SamplingMask, packed: bool):
+    # what `_http.mask_payload` does (imported here would pull in vLLM)
+    return encode_packed(mask.ids, offsets=mask.offsets) if packed else mask.token_ids
+
+
+def measure(masks: list[SamplingMask], label: str, repeat: int = 5) -> list[dict]:
+    """One row per shape: each whole mask as one full response, then its tokens
+    one per stream chunk (the first 2 masks)."""
+    adapter = _pydantic_adapter()
+    rows = []
+    shapes = (("full", masks, adapter.dump_json),
+              ("chunk", [SamplingMask.from_counts(m[t], [len(m[t])]) for m in masks[:2]
+                         for t in range(len(m))], json.dumps))
+    for shape, work, dump in shapes:
+        n_ids = sum(len(m.ids) for m in work)
+        n_tok = sum(len(m) for m in work)
+        row = {"workload": label, "shape": shape, "T": len(work[0]), "responses": len(work),
+               "mean size": round(n_ids / n_tok, 2)}
+        for packed in (False, True):
+            texts = [dump(payload(m, packed)) for m in work]
+            size = sum(len(t) for t in texts)
+            for m, text in zip(work, texts):
+                choice = {"index": 0, "sampling_mask": json.loads(text)}
+                assert SamplingMask.from_response(choice) == m
+            best = float("inf")
+            for _ in range(repeat):
+                t0 = time.process_time()
+                for m in work:
+                    dump(payload(m, packed))
+                best = min(best, time.process_time() - t0)
+            name = "packed" if packed else "lists"
+            row[f"{name} B/id"] = round(size / n_ids, 3)
+            row[f"{name} us/tok"] = round(best / n_tok * 1e6, 3)
+        if True:
+            raw = sum(len(base64.b64decode(payload(m, True)["data"])) for m in work)
+            row["packed binary B/id"] = round(raw / n_ids, 3)
+        row["packed/lists CPU"] = round(row["packed us/tok"] / row["lists us/tok"], 3)
+        rows.append(row)
+    return rows
+
+
+def run_demo(requests: int, tokens: int) -> list[SamplingMask]:
+    import os
+    import socket
+    import tempfile
+
+    import httpx
+
+    from vllm_sampling_mask import DEMO_MODEL
+    from vllm_sampling_mask.demo import DEMO_PROMPTS, serving
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = os.path.join(tempfile.gettempdir(), f"bench-wire-{port}.log")
+    out = {"lists": [], "packed": []}
+    with serving(port, log, runner="v1") as base, httpx.Client(timeout=300) as client:
+        for i in range(requests):
+            for fmt in ("lists", "packed"):
+                body = {"model": DEMO_MODEL, "prompt": DEMO_PROMPTS[i % len(DEMO_PROMPTS)],
+                        "max_tokens": tokens, "temperature": 1.0,
+                        "top_k": (20, 50, 100, 200)[i % 4], "top_p": (1.0, 0.9)[i % 2],
+                        "seed": i, "ignore_eos": True, "sampling_mask_format": fmt}
+                r = client.post(f"{base}/v1/completions", json=body)
+                r.raise_for_status()
+                out[fmt].append(SamplingMask.from_response(r.json()))
+    assert out["lists"] == out["packed"], "the two formats decoded to different masks"
+    return out["lists"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", default="64,1024", help="tokens per full response (list)")
+    ap.add_argument("--responses", type=int, default=40)
+    ap.add_argument("--demo", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    rng = np.random.default_rng(args.seed)
+    rows = []
+    for tokens in (int(t) for t in args.tokens.split(",")):
+        for kind in ("prime-rl", "top_k50"):
+            masks = [synthetic(kind, tokens, rng) for _ in range(args.responses)]
+            rows += measure(masks, kind)
+    if args.demo:
+        rows += measure(run_demo(16, 64), "demo (HTTP, V=4096)")
+    for row in rows:
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""`support_logprobs`: the processed logprob of every support id (mask order) and
+log S, gathered on the device, against an independent float64 reference built
+here from the definitions (temperature, top-k, top-p, min-p), narrow and wide rows
+(ties past the compaction width), row subsets, fp32 and bf16 inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_sampling_mask.extraction import (DEFAULT_SETTINGS, ExtractionSettings,
+                                           extract_support, plan_layout)
+from vllm_sampling_mask.support_logprobs import align_row, gather_support_logprobs
+from vllm_sampling_mask.transport import decode
+
+
+def reference(logits64, temperature, top_k, top_p, min_p):
+    """float64: (scaled logits, keep mask) of one row, from the definitions."""
+    scaled = logits64 / temperature
+    probs = torch.softmax(scaled, -1)
+    keep = torch.ones_like(scaled, dtype=torch.bool)
+    if min_p:
+        keep &= probs >= min_p * probs.max()
+    if top_k:
+        kth = torch.sort(scaled, descending=True).values[top_k - 1]
+        keep &= scaled >= kth
+    if top_p < 1:
+        masked = torch.where(keep, scaled, torch.tensor(-np.inf, dtype=scaled.dtype))
+        p = torch.softmax(masked, -1)
+        order = torch.argsort(p, descending=True)
+        before = torch.cumsum(p[order], 0) - p[order]   # mass strictly above each id
+        cut = torch.zeros_like(keep)
+        cut[order] = before >= top_p
+        keep &= ~cut
+    return scaled, keep
+
+
+def make_batch(rows, vocab, seed, dtype, ties=False):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=g, dtype=torch.float64) * 3
+    params = []
+    for r in range(rows):
+        t = [0.7, 1.0, 1.3][r % 3]
+        k = [8, 5, 20, 50, 30][r % 5]
+        p = [1.0, 0.9, 0.6][r % 3]
+        m = [0.0, 0.0, 0.05][r % 3]
+        params.append((t, k, p, m))
+    if ties:   # row 0: 70 ids tied at the top with top_k 8: wide past W
+        logits[0, :70] = 50.0
+        params[0] = (1.0, 8, 1.0, 0.0)
+    logits = logits.to(dtype).double()      # the values the engine would hold
+    scaled, keep = zip(*(reference(logits[r], *params[r]) for r in range(rows)))
+    scaled, keep = torch.stack(scaled), torch.stack(keep)
+    processed = torch.where(keep, scaled, torch.tensor(-np.inf, dtype=torch.float64))
+    processed = torch.log_softmax(processed, -1)
+    top_k = np.array([k for _, k, _, _ in params])
+    return logits, scaled, keep, processed, top_k
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("subset", [False, True])
+def test_values_and_log_kept_match_the_reference(dtype, subset):
+    rows, vocab = 11, 3000
+    _, scaled, keep, processed, top_k = make_batch(rows, vocab, 1, dtype, ties=True)
+    settings = ExtractionSettings(tie_margin=4)
+    mask_rows = np.array([0, 2, 3, 5, 7, 8, 10]) if subset else None
+    picked = np.arange(rows) if mask_rows is None else mask_rows
+    layout = plan_layout(top_k[picked], vocab, max_size=4096, settings=settings)
+    assert layout.slots > 0 and layout.width < 70     # row 0 goes wide
+    mask = extract_support(processed.float(), layout, mask_rows, settings=settings)
+    asked = np.ones(layout.rows, bool)
+    asked[1] = False                                   # a row that did not ask
+    out = gather_support_logprobs(processed.float(), scaled.float(), mask, asked)
+    assert out.values.dtype == torch.float32 and out.values.shape == (asked.sum(),
+                                                                       layout.width)
+    assert list(out.rows) == list(np.flatnonzero(asked))
+    row_of = mask.row_of()
+    supports = decode(mask.block.numpy(), layout, row_of)
+    meta = mask.block.numpy()[: layout.ids_offset].reshape(layout.rows, 3)
+    values, tail = out.values.numpy(), out.tail.numpy()
+    for a, block_row in enumerate(out.rows):
+        batch_row = int(picked[block_row])
+        support = supports.row(batch_row)
+        assert np.array_equal(support, np.flatnonzero(keep[batch_row].numpy()))
+        count, slot = int(meta[block_row, 0]), int(meta[block_row, 1])
+        got = align_row(values[a], tail, count, slot, support)
+        assert got.dtype == np.float32 and len(got) == len(support)
+        want = processed[batch_row, support].numpy()
+        np.testing.assert_allclose(got, want, rtol=0, atol=5e-5)
+        assert abs(float(torch.logsumexp(torch.from_numpy(got).float(), 0))) < 1e-5
+        log_s = torch.logsumexp(torch.log_softmax(scaled[batch_row], -1)[keep[batch_row]], 0)
+        assert abs(float(out.log_kept[a]) - float(log_s)) < 5e-5
+    wide = [a for a, b in enumerate(out.rows) if int(meta[b, 1]) >= 0]
+    assert wide, "a wide row must be exercised"
+
+
+def test_an_untruncated_row_keeps_everything_and_nobody_asked_costs_nothing():
+    vocab = 500
+    logits = torch.randn(2, vocab, dtype=torch.float64)
+    processed = torch.log_softmax(logits, -1)
+    layout = plan_layout(np.array([vocab, vocab]), vocab, max_size=vocab)
+    mask = extract_support(processed.float(), layout)
+    out = gather_support_logprobs(processed.float(), logits.float(), mask,
+                                  np.array([True, True]))
+    assert torch.allclose(out.log_kept, torch.zeros(2), atol=1e-6)
+    none = gather_support_logprobs(processed.float(), logits.float(), mask,
+                                   np.array([False, False]))
+    assert none.values.shape == (0, layout.width) and len(none.rows) == 0
+
+
+def test_refuses_mismatched_inputs():
+    processed = torch.log_softmax(torch.randn(2, 100), -1)
+    layout = plan_layout(np.array([5, 5]), 100, max_size=100)
+    mask = extract_support(processed, layout)
+    with pytest.raises(ValueError, match="asked flags"):
+        gather_support_logprobs(processed, processed, mask, np.array([True]))
+    with pytest.raises(ValueError, match="differ in shape"):
+        gather_support_logprobs(processed, processed[:, :50], mask, np.array([True, True]))

@@ -1,0 +1,126 @@
+"""Support logprobs on the device: the processed logprob of every id of a sampling
+mask's support, in the mask's order, and log S, for the rows that asked.
+
+Plain module (torch and numpy; no vLLM). The sampler calls `gather_support_logprobs`
+right after `extraction.extract_support` (same step, same device, no host sync);
+the host, once it has decoded the step's supports (`transport.decode`), aligns the
+copied values to them with `align_row`.
+
+Inputs, for the sampler's batch of `B` rows over a vocabulary of `V`:
+    processed_logprobs  float [B, V]  what the mask was extracted from:
+                        log_softmax of the logits sampled from (every processor,
+                        temperature, min-p, top-k/top-p), -inf outside the support
+    scaled_logits       float [B, V]  the same rows after temperature and before
+                        min-p/top-k/top-p (the temperature-scaled distribution)
+    mask                `extraction.DeviceMask` of that step
+    asked               host bool per row of `mask.block` (the rows that asked)
+
+Output (`DeviceSupportLogprobs`, still on the device, float32):
+    values    [A, W]   values[a, j] = processed_logprobs[row, ids[row, j]] for
+                       j < min(count, W); NaN where the block holds -1
+    log_kept  [A]      log S = log sum over the support of
+                       softmax(scaled_logits[row]); 0 for an untruncated row
+    tail      [S, V]   for each wide-row slot of the layout, its row's processed
+                       logprobs (ids past W come from the slot's bits; their values
+                       are read from here on the host); [0, V] when S = 0
+    rows      host int64 [A], the block rows gathered (ascending)
+
+Since processed logits equal the scaled logits on the support (truncation only
+writes -inf), log S is computed as logsumexp over the support of
+log_softmax(scaled_logits), in float32 with a max shift (one pass over the asked
+rows, `[A, V]`); the processed logprobs are only gathered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from vllm_sampling_mask.extraction import DeviceMask
+
+__all__ = ["DeviceSupportLogprobs", "gather_support_logprobs", "align_row"]
+
+
+@dataclass
+class DeviceSupportLogprobs:
+    values: torch.Tensor     # float32 [A, W]
+    log_kept: torch.Tensor   # float32 [A]
+    tail: torch.Tensor       # float32 [S, V]
+    rows: np.ndarray         # host int64 [A]: block rows (of `mask`)
+
+
+def _source_rows(mask: DeviceMask, block_rows: np.ndarray) -> np.ndarray:
+    """The sampler batch row of each block row given."""
+    if mask.rows is None:
+        return block_rows.astype(np.int64)
+    return np.asarray(mask.rows, np.int64)[block_rows]
+
+
+def gather_support_logprobs(processed_logprobs: torch.Tensor, scaled_logits: torch.Tensor,
+                            mask: DeviceMask, asked: np.ndarray) -> DeviceSupportLogprobs:
+    """Gather, for the block rows with `asked` true, the processed logprob of each
+    support id and log S (see the module docstring). No host synchronisation:
+    everything sized here is a host int of the layout or of `asked`."""
+    layout = mask.layout
+    device = processed_logprobs.device
+    asked = np.asarray(asked, bool)
+    if len(asked) != layout.rows:
+        raise ValueError(f"gather_support_logprobs: {len(asked)} asked flags for "
+                         f"{layout.rows} block rows")
+    if processed_logprobs.shape != scaled_logits.shape:
+        raise ValueError("gather_support_logprobs: processed_logprobs and scaled_logits "
+                         f"differ in shape ({tuple(processed_logprobs.shape)} vs "
+                         f"{tuple(scaled_logits.shape)})")
+    block_rows = np.flatnonzero(asked)
+    vocab = layout.vocab_size
+    if len(block_rows) == 0:
+        empty = torch.empty(0, layout.width, dtype=torch.float32, device=device)
+        return DeviceSupportLogprobs(empty, torch.empty(0, dtype=torch.float32,
+                                                        device=device),
+                                     torch.empty(0, vocab, dtype=torch.float32,
+                                                 device=device), block_rows)
+    meta, ids, _ = layout.views(mask.block)
+    pick = torch.from_numpy(block_rows).to(device)
+    source = torch.from_numpy(_source_rows(mask, block_rows)).to(device)
+    processed = processed_logprobs.index_select(0, source).float()    # [A, V]
+    row_ids = ids.index_select(0, pick).long()                        # [A, W]
+    valid = row_ids >= 0
+    values = processed.gather(1, row_ids.clamp(min=0))
+    values = torch.where(valid, values, torch.full_like(values, float("nan")))
+
+    # log S over the support (the finite processed entries: exactly the mask)
+    scaled = scaled_logits.index_select(0, source).float()
+    top = scaled.amax(dim=1, keepdim=True)
+    shifted = scaled - top
+    log_total = torch.logsumexp(shifted, dim=1)
+    kept = torch.where(torch.isfinite(processed), shifted,
+                       torch.full_like(shifted, float("-inf")))
+    log_kept = torch.logsumexp(kept, dim=1) - log_total
+
+    # wide rows: their processed rows by slot (slot -1 / -2 rows go to a dump row)
+    slots = layout.slots
+    if slots:
+        slot = meta.index_select(0, pick)[:, 1].long()
+        target = torch.where(slot >= 0, slot, torch.full_like(slot, slots))
+        tail = torch.zeros(slots + 1, vocab, dtype=torch.float32, device=device)
+        tail.index_copy_(0, target, processed)
+        tail = tail[:slots]
+    else:
+        tail = torch.empty(0, vocab, dtype=torch.float32, device=device)
+    return DeviceSupportLogprobs(values, log_kept, tail, block_rows)
+
+
+def align_row(values: np.ndarray, tail: np.ndarray, count: int, slot: int,
+              support: np.ndarray) -> np.ndarray:
+    """On the host: the float32 logprobs of one row's decoded `support` (ascending
+    ids, `count` of them), from its copied `values` row and, for a row wider than
+    the block's width (`slot` >= 0), the `tail` row of its slot."""
+    width = len(values)
+    if count <= width:
+        return np.ascontiguousarray(values[:count], np.float32)
+    if slot < 0:
+        raise ValueError(f"align_row: a row of {count} ids past width {width} has no slot")
+    return np.concatenate([values[:width], tail[slot][np.asarray(support[width:])]]
+                          ).astype(np.float32)
