@@ -15,6 +15,8 @@ It owns:
   cleared when it is removed, moved with the V1 batch's condense and swaps, so
   a step reads it with one numpy index and no loop over rows;
 - the memory-profiling run's worst case (`profiling()`);
+- `extractions`: the steps it extracted (a diagnostic the state route reports:
+  under tensor parallelism only the output rank has a state and extracts);
 - `pool`: the pinned host buffers of this runner's mask copies;
 - the step's hand-offs: `mask`, the device mask from the sampler's `sample`
   to the call that returns it (`mask.put` / `mask.take`); `copy`, the started
@@ -79,6 +81,7 @@ class SamplingMaskState:
         self.mask: HandOff[DeviceMask] = HandOff("the sampler returned without extracting one")
         self.copy: HandOff[MaskCopy] = HandOff("no mask copy was started for this step")
         self._top_k: np.ndarray | None = None
+        self.extractions = 0
 
     # -- per request slot -------------------------------------------------
 
@@ -125,6 +128,7 @@ class SamplingMaskState:
 
     def extract(self, processed_logits, top_k: np.ndarray, wanted: np.ndarray) -> DeviceMask:
         """The support of the rows that want a mask (`wanted`, host bool per row)."""
+        self.extractions += 1
         return extract_selected(processed_logits, top_k, wanted, max_size=self.max_size,
                                 worst_case=self._worst_case, settings=self.settings)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from fastapi import Request
 
 from vllm_sampling_mask.patches._wrap import wraps
-from vllm_sampling_mask.patches.diagnostics.debug_state_core import METHOD, enabled
+from vllm_sampling_mask.patches.diagnostics.debug_state_core import METHOD, WORK, enabled
 
 PATH = "/debug/sampling_mask/state"
 
@@ -38,9 +38,10 @@ def output_processor_state(processor) -> dict:
 
 
 def total(counts) -> int:
-    """The sum of every integer count in a nested dict/list (names excluded)."""
+    """The sum of every integer count in a nested dict/list (names and the
+    workers' work counters excluded)."""
     if isinstance(counts, dict):
-        return sum(total(v) for v in counts.values())
+        return sum(total(v) for k, v in counts.items() if k != WORK)
     if isinstance(counts, list):
         return sum(total(v) for v in counts)
     return counts if isinstance(counts, int) and not isinstance(counts, bool) else 0

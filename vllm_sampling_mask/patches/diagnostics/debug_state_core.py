@@ -14,7 +14,9 @@ What: in `vllm/v1/engine/core.py`, only when `VLLM_SAMPLING_MASK_DEBUG_STATE=1`
     worker process), each worker's runner: V1 `requests`, `input_batch.num_reqs`
     and MRv2 `req_states.num_reqs`, and whether the runner's mask state
     (`SamplingMaskState`, the declared `sampling_mask`) holds a hand-off between
-    steps (`pending_sampling_mask`). The fork's scheduler patch keeps
+    steps (`pending_sampling_mask`), with its work so far (`sampling_mask_work`:
+    steps extracted; null on a rank with no state, e.g. a tensor-parallel rank
+    whose output the executor drops). The fork's scheduler patch keeps
     no per-request state of its own (it slices each step's masks in place), so
     there is nothing of the fork's to count there. Without the variable nothing
     changes and the method does not exist.
@@ -33,6 +35,15 @@ from vllm_sampling_mask.config import DEBUG_STATE as ENV  # noqa: F401 (the test
 from vllm_sampling_mask.config import debug_state_enabled as enabled
 
 METHOD = "sampling_mask_debug_state"
+WORK = "sampling_mask_work"   # work counters, not state: left out of the route's total
+
+
+def _work(runner) -> dict:
+    """The runner's mask work so far: not per-request state, so `debug_state.total`
+    leaves it out (`WORK`). No state (flag off, or a rank whose output the executor
+    drops): None."""
+    state = runner.sampling_mask
+    return None if state is None else {"extractions": state.extractions}
 
 
 def _pending(runner) -> int:
@@ -48,12 +59,12 @@ def worker_state(worker) -> dict:
     if mrv2 is not None and isinstance(runner, mrv2.GPUModelRunner):
         return {"runner": "mrv2",
                 "requests": runner.req_states.num_reqs,
-                "pending_sampling_mask": _pending(runner)}
+                "pending_sampling_mask": _pending(runner), WORK: _work(runner)}
     if v1 is not None and isinstance(runner, v1.GPUModelRunner):
         return {"runner": "v1",
                 "requests": len(runner.requests),
                 "input_batch_requests": runner.input_batch.num_reqs,
-                "pending_sampling_mask": _pending(runner)}
+                "pending_sampling_mask": _pending(runner), WORK: _work(runner)}
     return {"runner": type(runner).__name__}
 
 

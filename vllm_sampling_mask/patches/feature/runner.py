@@ -6,9 +6,11 @@ What: wraps, in `vllm/v1/worker/gpu/model_runner.py` (the CPU runner inherits
     - `load_model`, which builds `self.sampler`: with
       `model_config.return_sampling_mask` it builds one `state.SamplingMaskState`
       (per request slot, `max_num_reqs`; --max-sampling-mask-size) and hands it
-      to the runner and its sampler (`Sampler.sampling_mask`), and turns the
-      sampler's FlashInfer path off (it never materialises the processed
-      logits). A sampler that is not vLLM's `Sampler` (a model state's
+      to the runner and its sampler (`Sampler.sampling_mask`) on the output rank
+      only (`_runner.mask_state_for`: under tensor parallelism the other ranks'
+      outputs are dropped, so they extract and copy nothing), and turns the
+      sampler's FlashInfer path off on every rank (it never materialises the
+      processed logits, and the ranks must sample alike). A sampler that is not vLLM's `Sampler` (a model state's
       `custom_sampler`) is refused;
     - `_remove_request`: the freed request slot no longer wants a mask (the
       sampler's `add_request` sets it for the next request there);
@@ -32,6 +34,7 @@ Remove when: upstream's `Sampler` takes the flag and carries the mask (vLLM #495
 from __future__ import annotations
 
 from vllm_sampling_mask.config import mask_enabled
+from vllm_sampling_mask.patches._runner import mask_state_for
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.state import SamplingMaskState, profiling
@@ -53,10 +56,11 @@ def apply(module) -> None:
                     "--return-sampling-mask (return_sampling_mask=True) supports "
                     f"vLLM's own Sampler, but this model uses {type(self.sampler)!r}: "
                     "drop the flag for this model.")
-            self.sampling_mask = SamplingMaskState(
-                self.max_num_reqs, self.model_config.max_sampling_mask_size)
-            self.sampler.sampling_mask = self.sampling_mask
+            # Every rank samples the same way (the ranks' tokens must agree), but
+            # only the output rank extracts: the others' outputs are dropped.
             self.sampler.use_flashinfer = False
+            self.sampling_mask = mask_state_for(self)
+            self.sampler.sampling_mask = self.sampling_mask
         return result
 
     @wraps(module, "GPUModelRunner._remove_request")

@@ -6,7 +6,9 @@ What: declares `GPUModelRunner.sampling_mask` (None with the flag off) and
     - `GPUModelRunner.__init__`, which builds `self.sampler`: with
       `model_config.return_sampling_mask` it builds one
       `state.SamplingMaskState` (per persistent-batch row, `max_num_reqs`) and
-      hands it to the runner and its sampler (`Sampler.sampling_mask`);
+      hands it to the runner and its sampler (`Sampler.sampling_mask`), on the
+      output rank only (`_runner.mask_state_for`: under tensor parallelism the
+      other ranks' outputs are dropped, so they extract and copy nothing);
     - `GPUModelRunner._may_reorder_batch`, the last change `_update_states`
       makes to the persistent batch before `refresh_metadata` hands it to the
       logits processors: the state applies the batch's pending update (rows
@@ -36,8 +38,8 @@ Remove when: upstream carries the mask through the V1 runner (vLLM #49577 did
 
 from __future__ import annotations
 
-from vllm_sampling_mask.config import mask_enabled
 from vllm_sampling_mask.errors import MissingSamplingMaskError
+from vllm_sampling_mask.patches._runner import mask_state_for
 from vllm_sampling_mask.patches._wrap import wraps
 from vllm_sampling_mask.state import SamplingMaskState, profiling
 from vllm_sampling_mask.transport import MaskCopy
@@ -69,9 +71,8 @@ def apply(module) -> None:
     @wraps(module, "GPUModelRunner.__init__")
     def __init__(wrapped, self, args, kwargs):
         wrapped(*args, **kwargs)
-        if mask_enabled(self.vllm_config):
-            self.sampling_mask = SamplingMaskState(
-                self.max_num_reqs, self.model_config.max_sampling_mask_size)
+        self.sampling_mask = mask_state_for(self)
+        if self.sampling_mask is not None:
             self.sampler.sampling_mask = self.sampling_mask
 
     @wraps(module, "GPUModelRunner._may_reorder_batch")
