@@ -155,7 +155,8 @@ def test_switch_size_limit_n2_streaming_and_abort(mode):
 def test_every_process_serves_masks(mode):
     """Data parallel: both engine cores answered (by their header, above) and hold no
     request afterwards. Two API servers: connections reach both processes, and
-    every answer, from either, carries masks. Tensor parallel: both workers ran."""
+    every answer, from either, carries masks. Tensor parallel: only the output rank
+    did mask work."""
     name, base, log = mode
     for _ in range(16):   # a new connection each: the kernel spreads them over the servers
         r = generate(base, [5, 6, 7], sampling_params=dict(temperature=1.0, top_k=10,
@@ -173,3 +174,7 @@ def test_every_process_serves_masks(mode):
     assert state["total"] == 0, state          # nothing left behind in any process
     workers = state["engine_core"]["workers"]
     assert len(workers) == (2 if name == "tensor_parallel_2" else 1)
+    # The output rank extracted every masked step; under tensor parallelism the
+    # other rank, whose output the executor drops, has no mask state and did no work.
+    assert workers[0]["sampling_mask_work"]["extractions"] > 0
+    assert all(w["sampling_mask_work"] is None for w in workers[1:])
