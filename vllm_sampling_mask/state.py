@@ -14,7 +14,10 @@ It owns:
   runner), does that request want a mask; set when the request is added,
   cleared when it is removed, moved with the V1 batch's condense and swaps, so
   a step reads it with one numpy index and no loop over rows;
-- the memory-profiling run's worst case (`profiling()`);
+- the memory-profiling run's worst case (`profiling()`), which also compiles,
+  on a CUDA device, every extraction kernel variant a step can launch
+  (`extraction.warm_up`, for the logits' dtype and row stride), so no batch
+  shape compiles one while serving;
 - `extractions`: the steps it extracted (a diagnostic the state route reports:
   under tensor parallelism only the output rank has a state and extracts);
 - `pool`: the pinned host buffers of this runner's mask copies;
@@ -35,6 +38,7 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from vllm_sampling_mask.errors import MissingSamplingMaskError
+from vllm_sampling_mask import extraction
 from vllm_sampling_mask.extraction import (
     DEFAULT_SETTINGS,
     DeviceMask,
@@ -129,8 +133,14 @@ class SamplingMaskState:
     def extract(self, processed_logits, top_k: np.ndarray, wanted: np.ndarray) -> DeviceMask:
         """The support of the rows that want a mask (`wanted`, host bool per row)."""
         self.extractions += 1
-        return extract_selected(processed_logits, top_k, wanted, max_size=self.max_size,
+        mask = extract_selected(processed_logits, top_k, wanted, max_size=self.max_size,
                                 worst_case=self._worst_case, settings=self.settings)
+        if self._worst_case and processed_logits.is_cuda:
+            extraction.warm_up(processed_logits.device, processed_logits.shape[1],
+                               (processed_logits.dtype,), max_size=self.max_size,
+                               logits_stride=processed_logits.stride(0),
+                               settings=self.settings)
+        return mask
 
     def stage_top_k(self, top_k: np.ndarray) -> None:
         self._top_k = top_k
