@@ -285,10 +285,10 @@ class Finding:
 def _check_at(tree: SourceTree, entry, found) -> tuple[str, str]:
     """(status among present/changed, detail) of `entry` against the node `found`."""
     node, module, qual = found
-    if isinstance(entry, _seams.Name):
-        return PRESENT, ""
     if node == "runtime":
         return UNCHECKED, "made at run time"
+    if isinstance(entry, _seams.Name):
+        return PRESENT, ""
     if isinstance(entry, _seams.Function):
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             return CHANGED, f"no longer a function ({type(node).__name__})"
