@@ -1,0 +1,432 @@
+"""The seam contract as data: what each patch relies on in upstream vLLM (and Triton).
+
+Plain data, no vLLM import. Keyed by patch name (the names in `patches.REGISTRY`).
+Four kinds of entry:
+
+- `Function`: an upstream function or method a patch wraps or calls, with the parameter
+  names of the original in order (the wrappers read arguments by position or by name);
+- `Name`: a dotted name that must resolve in a module (class, attribute, enum member);
+- `Fields`: fields of a dataclass / struct that a patch reads;
+- `SourceUses`: text the upstream function's source must still contain (what it sets or
+  calls that a patch reads or relies on).
+
+Two consumers: `tests/test_seams.py` checks every entry against the installed vLLM by
+importing it, and `python -m vllm_sampling_mask.seam_report PATH` checks them statically
+(`ast`) against any vLLM source tree or wheel, without importing it.
+
+Per-version differences are data, not code: every entry has `versions`, the vLLM releases
+it applies to (`None`: every release). When a release moves a seam, the old entry gets
+`versions=("0.27.1",)` and a new entry with the release's own shape is added beside it;
+`for_version()` picks the entries of one release.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Union
+
+__all__ = ["Function", "Name", "Fields", "SourceUses", "Entry", "SEAMS", "for_version",
+           "entries", "applies"]
+
+Versions = Union[tuple[str, ...], None]
+
+
+@dataclass(frozen=True)
+class Function:
+    """`module.name` (dotted for methods) exists with exactly these parameter names."""
+    module: str
+    name: str
+    params: tuple[str, ...]
+    versions: Versions = None
+
+
+@dataclass(frozen=True)
+class Name:
+    """`module.name` (dotted) resolves."""
+    module: str
+    name: str
+    versions: Versions = None
+
+
+@dataclass(frozen=True)
+class Fields:
+    """The dataclass (or struct) `module.name` still has these fields."""
+    module: str
+    name: str
+    fields: tuple[str, ...]
+    versions: Versions = None
+
+
+@dataclass(frozen=True)
+class SourceUses:
+    """The source of `module.name` still contains each of these strings."""
+    module: str
+    name: str
+    uses: tuple[str, ...]
+    versions: Versions = None
+
+
+Entry = Union[Function, Name, Fields, SourceUses]
+
+
+def applies(entry: Entry, version: str | None) -> bool:
+    """Whether `entry` holds for vLLM `version` ("0.27.1", local suffix ignored)."""
+    if entry.versions is None or version is None:
+        return True
+    return version.split("+")[0] in entry.versions
+
+
+def entries(kind: type | None = None, version: str | None = None
+            ) -> Iterator[tuple[str, Entry]]:
+    """(patch, entry) for every entry of `kind` that applies to `version`."""
+    for patch, rows in SEAMS.items():
+        for entry in rows:
+            if (kind is None or isinstance(entry, kind)) and applies(entry, version):
+                yield patch, entry
+
+
+def for_version(version: str | None) -> dict[str, tuple[Entry, ...]]:
+    """patch -> the entries that apply to `version` (patches without any are left out)."""
+    out: dict[str, tuple[Entry, ...]] = {}
+    for patch, rows in SEAMS.items():
+        kept = tuple(e for e in rows if applies(e, version))
+        if kept:
+            out[patch] = kept
+    return out
+
+
+def _f(module: str, name: str, *params: str, versions: Versions = None) -> Function:
+    return Function(module, name, tuple(params), versions)
+
+
+def _n(module: str, name: str, versions: Versions = None) -> Name:
+    return Name(module, name, versions)
+
+
+def _d(module: str, name: str, *fields: str, versions: Versions = None) -> Fields:
+    return Fields(module, name, tuple(fields), versions)
+
+
+def _s(module: str, name: str, *uses: str, versions: Versions = None) -> SourceUses:
+    return SourceUses(module, name, tuple(uses), versions)
+
+
+GPU = "vllm.v1.worker.gpu"
+V1 = "vllm.v1.worker.gpu_model_runner"
+TITO_P = "vllm.entrypoints.scale_out.token_in_token_out.protocol"
+TITO = "vllm.entrypoints.scale_out.token_in_token_out.serving"
+TITO_R = "vllm.entrypoints.scale_out.token_in_token_out.api_router"
+CMPL = "vllm.entrypoints.openai.completion"
+CHAT = "vllm.entrypoints.openai.chat_completion"
+API = "vllm.entrypoints.openai.api_server"
+IP = "vllm.v1.engine.input_processor"
+ALLM = "vllm.v1.engine.async_llm"
+OP = "vllm.v1.engine.output_processor"
+SCHED = "vllm.v1.core.sched.scheduler"
+TKTP = "vllm.v1.sample.ops.topk_topp_sampler"
+
+_PROCESS_INPUTS = ("self", "request_id", "prompt", "params", "supported_tasks",
+                   "arrival_time", "lora_request", "tokenization_kwargs", "trace_headers",
+                   "priority", "data_parallel_rank", "resumable")
+
+SEAMS: dict[str, tuple[Entry, ...]] = {
+    # -- packaging ---------------------------------------------------------------------
+    "metadata_alias": (
+        _n("vllm.version", "__version__"),
+    ),
+    # -- Model Runner V2 on a CPU host under TRITON_INTERPRET=1 -----------------------------
+    "interpreter_has_triton": (
+        _n("vllm.triton_utils.importing", "HAS_TRITON"),
+    ),
+    "interpreter_libdevice": (
+        _n(f"{GPU}.sample.gumbel", "tldevice"),
+    ),
+    "interpreter_patch_cache": (
+        _f("triton.runtime.interpreter", "_patch_lang", "fn"),
+    ),
+    "interpreter_top_k_top_p": (
+        _f("triton.runtime.interpreter", "_patch_lang_core", "lang", "scope"),
+        _f(TKTP, "apply_top_k_top_p", "logits", "k", "p"),
+        _f(TKTP, "apply_top_k_top_p_pytorch", "logits", "k", "p", "allow_cpu_sync"),
+    ),
+    "interpreter_dummy_run": (
+        _f(f"{GPU}.model_runner", "GPUModelRunner._dummy_sampler_run", "self",
+           "hidden_states"),
+    ),
+    # -- fixes of upstream bugs ------------------------------------------------------------
+    "top_p_one_rows": (
+        _f(TKTP, "apply_top_k_top_p_pytorch", "logits", "k", "p", "allow_cpu_sync"),
+        # the cut the patch neutralises for p >= 1 rows
+        _s(TKTP, "apply_top_k_top_p_pytorch", "probs_sum <= 1 - p.unsqueeze(dim=1)"),
+    ),
+    "cpu_seeded_sampling": (
+        _f(TKTP, "TopKTopPSampler.forward_cpu", "self", "logits", "generators", "k", "p"),
+        _f(TKTP, "empty_exponential_noise_like", "probs", "use_fp64_gumbel"),
+        _f(TKTP, "sample_with_exponential_noise", "probs", "q"),
+        # the condition the patch takes over, and what upstream returns per logprobs mode
+        _s(TKTP, "TopKTopPSampler.forward_cpu", "len(generators) != logits.shape[0]",
+           "apply_top_k_top_p(logits, k, p)", 'self.logprobs_mode == "processed_logits"',
+           'self.logprobs_mode == "processed_logprobs"',
+           "q[i].exponential_(generator=generator)"),
+    ),
+    "cpu_generator_rewind": (
+        _f(V1, "GPUModelRunner._sample", "self", "logits", "spec_decode_metadata"),
+        _f(V1, "GPUModelRunner._bookkeeping_sync", "self", "scheduler_output",
+           "sampler_output", "logits", "hidden_states", "num_scheduled_tokens"),
+        _s(V1, "GPUModelRunner._bookkeeping_sync", "gen.set_offset(",
+           "self.discard_request_mask.np"),
+    ),
+    # The token-id checks: the three InputProcessor methods they wrap, and what they read
+    # (the rendered prompt's type and ids, the model's vocabulary, the sampling
+    # parameters' fields, the tokenizer's encoding of bad_words, which process_inputs
+    # makes).
+    "token_id_validation": (
+        _f(IP, "InputProcessor._validate_params", "self", "params", "supported_tasks"),
+        _f(IP, "InputProcessor._validate_model_input", "self", "prompt_input",
+           "prompt_type"),
+        _f(IP, "InputProcessor.process_inputs", *_PROCESS_INPUTS),
+        _n("vllm.config.model", "ModelConfig.get_vocab_size"),
+        _n("vllm.sampling_params", "SamplingParams.bad_words_token_ids"),
+        _n("vllm.sampling_params", "SamplingParams.__struct_fields__"),
+        _s(IP, "InputProcessor._validate_model_input",
+           'prompt_input["type"] == "embeds"', 'prompt_input["prompt_token_ids"]'),
+        _s(IP, "InputProcessor.process_inputs", "self._validate_params(params",
+           "self._validate_model_inputs(", "sampling_params.update_from_tokenizer("),
+        # a plain ValueError raised under this frame is named as structured_outputs'
+        _s("vllm.sampling_params", "SamplingParams.verify",
+           "self._validate_structured_outputs("),
+    ),
+    # Shutdown: AsyncLLM.shutdown stops the engine core, then the pending requests are
+    # aborted in the output processor on the output handler's loop; a request arriving
+    # later fails on the dead flag that the client's resources set.
+    "shutdown_answers": (
+        _f(ALLM, "AsyncLLM.shutdown", "self", "timeout"),
+        _f(OP, "OutputProcessor.abort_requests", "self", "request_ids", "internal"),
+        _f("vllm.utils.async_utils", "run_in_loop", "loop", "function", "args"),
+        _s(ALLM, "AsyncLLM.__init__", "self.output_processor = ",
+           "self.output_handler: asyncio.Task | None = None"),
+        _s(ALLM, "AsyncLLM._run_output_handler",
+           "self.output_handler = asyncio.create_task("),
+        _s(ALLM, "AsyncLLM.shutdown", "engine_core.shutdown(timeout=timeout)",
+           "cancel_task_threadsafe(handler)"),
+        _s(ALLM, "AsyncLLM.add_request", "if self.errored:", "raise EngineDeadError()"),
+        _s(OP, "OutputProcessor.__init__", "self.request_states"),
+        _s(OP, "OutputProcessor.abort_requests",
+           "self.request_states.pop(request_id, None)", "finish_reason=FinishReason.ABORT",
+           "req_state.queue.put(request_output)"),
+        _s("vllm.v1.engine.core_client", "BackgroundResources.__call__",
+           "self.engine_dead = True"),
+    ),
+    # -- the engine flag and its validation ------------------------------------------------
+    "model_config": (
+        _n("vllm.config.model", "ModelConfig"),
+    ),
+    "engine_args": (
+        _f("vllm.engine.arg_utils", "EngineArgs.add_cli_args", "parser"),
+        _f("vllm.engine.arg_utils", "EngineArgs.create_model_config", "self"),
+        _f("vllm.engine.arg_utils", "EngineArgs.create_engine_config", "self",
+           "usage_context", "headless"),
+        _d("vllm.engine.arg_utils", "EngineArgs", "logprobs_mode", "speculative_config",
+           "logits_processors"),
+    ),
+    "request_validation": (
+        _f(IP, "InputProcessor._validate_params", "self", "params", "supported_tasks"),
+        _f(IP, "InputProcessor.process_inputs", *_PROCESS_INPUTS),
+    ),
+    # -- the mask's path: sampler -> runner output -> scheduler -> client -> user ----------
+    "sampler": (
+        _f(f"{GPU}.sample.sampler", "Sampler.sample", "self", "logits",
+           "expanded_idx_mapping", "idx_mapping_np", "pos", "input_ids",
+           "expanded_local_pos", "return_logprobs"),
+        _f(f"{GPU}.sample.sampler", "Sampler.__call__", "self", "logits", "input_batch"),
+        _d(f"{GPU}.sample.output", "SamplerOutput", "sampled_token_ids"),
+        _s(f"{GPU}.sample.sampler", "Sampler.__init__", "self.sampling_states",
+           "self.use_flashinfer"),
+        _s(f"{GPU}.sample.states", "SamplingStates.__init__", "self.top_k",
+           "self.vocab_size"),
+    ),
+    "runner": (
+        _f(f"{GPU}.model_runner", "GPUModelRunner.load_model", "self",
+           "load_dummy_weights", "args", "kwargs"),
+        _f(f"{GPU}.model_runner", "GPUModelRunner._dummy_sampler_run", "self",
+           "hidden_states"),
+        _s(f"{GPU}.model_runner", "GPUModelRunner.load_model", "self.sampler = Sampler("),
+    ),
+    "async_output": (
+        _f(f"{GPU}.async_utils", "AsyncOutput.__init__", "self", "model_runner_output",
+           "sampler_output", "num_sampled_tokens", "main_stream", "copy_stream",
+           "check_ep_fault"),
+        _f(f"{GPU}.async_utils", "AsyncOutput.get_output", "self"),
+        _f(f"{GPU}.async_utils", "stream", "to_stream", "from_stream"),
+        _s(f"{GPU}.async_utils", "AsyncOutput.__init__", "self.num_sampled_tokens_np",
+           "self.copy_event.record(copy_stream)"),
+        _s(f"{GPU}.async_utils", "AsyncOutput.get_output", "self.copy_event.synchronize()"),
+    ),
+    "runner_output": (
+        _d("vllm.v1.outputs", "ModelRunnerOutput", "req_ids", "req_id_to_index",
+           "sampled_token_ids"),
+        _d("vllm.v1.outputs", "SamplerOutput", "sampled_token_ids", "logprobs_tensors"),
+    ),
+    "sampler_v1": (
+        _f("vllm.v1.sample.sampler", "Sampler.sample", "self", "logits",
+           "sampling_metadata", "logprobs_mode_override"),
+        _f("vllm.v1.sample.sampler", "Sampler.forward", "self", "logits",
+           "sampling_metadata", "predict_bonus_token", "logprobs_mode_override"),
+        _s(TKTP, "TopKTopPSampler.forward_native",
+           'self.logprobs_mode == "processed_logprobs"'),
+    ),
+    "runner_v1": (
+        _f(V1, "GPUModelRunner.__init__", "self", "vllm_config", "device"),
+        _f(V1, "GPUModelRunner._sample", "self", "logits", "spec_decode_metadata"),
+        _f(V1, "GPUModelRunner.sample_tokens", "self", "grammar_output"),
+        _f(V1, "AsyncGPUModelRunnerOutput.get_output", "self"),
+        _f(V1, "GPUModelRunner._dummy_sampler_run", "self", "hidden_states"),
+        _s(V1, "GPUModelRunner.__init__", "self.sampler = Sampler("),
+        _s(V1, "GPUModelRunner._sample", "self.sampler("),
+        _s("vllm.v1.worker.gpu_input_batch", "InputBatch.__init__", "self.top_k_cpu =",
+           "self.generators"),
+        _s(V1, "AsyncGPUModelRunnerOutput.get_output",
+           "output.sampled_token_ids = valid_sampled_token_ids"),
+    ),
+    "scheduler": (
+        _f(SCHED, "Scheduler.update_from_output", "self", "scheduler_output",
+           "model_runner_output"),
+        _f(SCHED, "Scheduler.finish_requests", "self", "request_ids", "finished_status"),
+        _n(SCHED, "EngineCoreOutput"),
+        _n("vllm.v1.engine", "FinishReason.ERROR"),
+        _n("vllm.v1.request", "RequestStatus.FINISHED_ERROR"),
+    ),
+    "core_client": (
+        _n("vllm.v1.engine.core_client", "EngineCoreOutputs"),
+    ),
+    "output_processor": (
+        _f(OP, "OutputProcessor.process_outputs", "self", "engine_core_outputs",
+           "engine_core_timestamp", "iteration_stats"),
+        _f(OP, "RequestState.from_new_request", "tokenizer", "request", "prompt",
+           "parent_req", "request_index", "queue", "log_stats", "stream_interval"),
+        _f(OP, "RequestState._new_completion_output", "self", "token_ids",
+           "finish_reason", "stop_reason"),
+        _n("vllm.sampling_params", "RequestOutputKind.DELTA"),
+        _s(OP, "OutputProcessor.__init__", "self.request_states"),
+    ),
+    "completion_output": (
+        _f("vllm.outputs", "RequestOutput.add", "self", "next_output", "aggregate"),
+        _d("vllm.outputs", "CompletionOutput", "index", "token_ids", "finish_reason"),
+    ),
+    # -- the HTTP routes -----------------------------------------------------------------
+    "generate_protocol": tuple(_n(TITO_P, name) for name in (
+        "GenerateRequest", "GenerateResponseChoice", "GenerateResponse")),
+    "generate_endpoint": (
+        _f(TITO, "ServingTokens.serve_tokens", "self", "request", "raw_request"),
+        _f(TITO, "ServingTokens.serve_tokens_full_generator", "self", "request",
+           "result_generator", "request_id", "model_name", "request_metadata"),
+        _f(TITO, "ServingTokens.serve_tokens_stream_generator", "self", "request",
+           "result_generator", "request_id", "model_name", "request_metadata"),
+        # the routes: error responses, and the error events `open_stream` turns into them
+        _n(TITO, "GenerateResponse"),
+        _n(TITO, "ServingTokens.create_error_response"),
+        _n("vllm.sampling_params", "RequestOutputKind.FINAL_ONLY"),
+        _n("vllm.entrypoints.openai.engine.protocol", "ErrorResponse"),
+        _n("vllm.exceptions", "VLLMClientError"),
+        # `StreamMasks`: each result's outputs are iterated once, each chunk is built from
+        # the output being iterated and sent as a `data: {json}` event; the choices of
+        # full responses are numbered as the patches read them; error responses are
+        # what the routes return as HTTP errors.
+        _s(TITO, "ServingTokens.serve_tokens_stream_generator",
+           "async for res in result_generator", "for output in res.outputs",
+           "i = output.index", 'yield f"data: {chunk.model_dump_json()}\\n\\n"',
+           # sized from the first result: `every_choice_first` hands it every choice
+           "num_generated_tokens = [0] * len(res.outputs)"),
+        _s(TITO, "ServingTokens.serve_tokens_full_generator", "index=output.index"),
+        _s(TITO_R, "generate", "isinstance(generator, ErrorResponse)"),
+    ),
+    "completion_protocol": (
+        _f(f"{CMPL}.protocol", "CompletionRequest.to_sampling_params", "self",
+           "max_tokens", "default_sampling_params"),
+        _n(f"{CMPL}.protocol", "CompletionResponseChoice"),
+        _n(f"{CMPL}.protocol", "CompletionResponse"),
+    ),
+    "openai_completions": (
+        _f(f"{CMPL}.serving", "OpenAIServingCompletion.create_completion", "self",
+           "request", "raw_request"),
+        _f(f"{CMPL}.serving", "OpenAIServingCompletion.request_output_to_completion_response",
+           "self", "final_res_batch", "request", "request_id", "created_time",
+           "model_name", "tokenizer", "request_metadata"),
+        _f(f"{CMPL}.serving", "OpenAIServingCompletion.completion_stream_generator",
+           "self", "request", "engine_inputs", "result_generator", "request_id",
+           "created_time", "model_name", "num_prompts", "tokenizer", "request_metadata"),
+        _n(f"{CMPL}.serving", "OpenAIServingCompletion.create_error_response"),
+        _n("vllm.entrypoints.generate.base.serving",
+           "GenerateBaseServing.create_streaming_error_response"),
+        _s(f"{CMPL}.serving", "OpenAIServingCompletion.completion_stream_generator",
+           "async for prompt_idx, res in result_generator", "for output in res.outputs",
+           "i = output.index + prompt_idx * num_choices", 'yield f"data: {response_json}'),
+        _s(f"{CMPL}.serving", "OpenAIServingCompletion.request_output_to_completion_response",
+           "for final_res in final_res_batch", "for output in final_res.outputs",
+           "index=len(choices)"),
+        _s(f"{CMPL}.api_router", "create_completion",
+           "isinstance(generator, ErrorResponse)"),
+    ),
+    "chat_protocol": (
+        _f(f"{CHAT}.protocol", "ChatCompletionRequest.to_sampling_params", "self",
+           "max_tokens", "default_sampling_params"),
+        _n(f"{CHAT}.protocol", "ChatCompletionResponseChoice"),
+        _n(f"{CHAT}.protocol", "ChatCompletionResponse"),
+    ),
+    "openai_chat": (
+        _f(f"{CHAT}.serving", "OpenAIServingChat.create_chat_completion", "self",
+           "request", "raw_request"),
+        _f(f"{CHAT}.serving", "OpenAIServingChat.chat_completion_full_generator", "self",
+           "request", "result_generator", "request_id", "model_name", "conversation",
+           "tokenizer", "request_metadata", "parser", "mm_token_counts"),
+        _f(f"{CHAT}.serving", "OpenAIServingChat.chat_completion_stream_generator", "self",
+           "request", "result_generator", "request_id", "model_name", "conversation",
+           "tokenizer", "request_metadata", "chat_template_kwargs", "mm_token_counts"),
+        _n(f"{CHAT}.serving", "ChatCompletionResponse"),
+        _n(f"{CHAT}.serving", "OpenAIServingChat.create_error_response"),
+        _s(f"{CHAT}.serving", "OpenAIServingChat.chat_completion_stream_generator",
+           "async for res in result_generator", "for output in res.outputs",
+           "i = output.index", 'yield f"data: {data}'),
+        _s(f"{CHAT}.serving", "OpenAIServingChat.chat_completion_full_generator",
+           "index=output.index"),
+        _s(f"{CHAT}.api_router", "create_chat_completion",
+           "isinstance(generator, ErrorResponse)"),
+    ),
+    # -- diagnostics (only with VLLM_SAMPLING_MASK_DEBUG_STATE=1) ---------------------------
+    # The state route: `build_app`, the app's engine client, its output processor and
+    # engine-core client, the utility call by name, and the per-request containers it
+    # counts in the engine core and the workers.
+    "debug_state": (
+        _f(API, "build_app", "args", "supported_tasks", "model_config"),
+        _f("vllm.v1.engine.core_client", "AsyncMPClient.call_utility_async", "self",
+           "method", "args"),
+        _s(API, "init_app_state", "state.engine_client = engine_client"),
+        _s(ALLM, "AsyncLLM.__init__", "self.output_processor = ", "self.engine_core = "),
+        _s(OP, "OutputProcessor.__init__", "self.request_states", "self.parent_requests"),
+    ),
+    "debug_state_core": (
+        _f("vllm.v1.engine.core", "EngineCore.collective_rpc", "self", "method",
+           "timeout", "args", "kwargs"),
+        _n("vllm.v1.engine.core", "EngineCore"),
+        _s("vllm.v1.engine.core", "EngineCoreProc._handle_client_request",
+           "getattr(self, method_name)"),
+        _s(SCHED, "Scheduler.__init__", "self.requests:", "self.waiting =",
+           "self.skipped_waiting =", "self.running:", "self.finished_req_ids:",
+           "self.kv_cache_manager = "),
+        _s("vllm.v1.core.kv_cache_manager", "KVCacheManager.__init__",
+           "self.coordinator = ", "self.block_pool = "),
+        _s("vllm.v1.core.kv_cache_coordinator", "KVCacheCoordinator.__init__",
+           "self.single_type_managers = "),
+        _s("vllm.v1.core.single_type_kv_cache_manager",
+           "SingleTypeKVCacheManager.__init__", "self.req_to_blocks:",
+           "self.num_cached_block:"),
+        _s("vllm.v1.core.block_pool", "BlockPool.__init__", "self.num_gpu_blocks = ",
+           "self.null_block = "),
+        _s("vllm.v1.core.block_pool", "BlockPool.get_num_free_blocks",
+           "free_block_queue"),
+        _s("vllm.v1.worker.cpu_worker", "CPUWorker.init_device", "self.model_runner"),
+        _s("vllm.v1.worker.gpu_worker", "Worker.init_device", "self.model_runner"),
+        _s(V1, "GPUModelRunner.__init__", "self.requests:", "self.input_batch = "),
+        _s(f"{GPU}.model_runner", "GPUModelRunner.__init__", "self.req_states = "),
+    ),
+}
