@@ -112,6 +112,16 @@ def _s(module: str, name: str, *uses: str, versions: Versions = None) -> SourceU
 
 
 GPU = "vllm.v1.worker.gpu"
+# Where a runner adapter asks whether its worker is the executor's output rank
+# (`patches/_runner.py`): the groups, and the executor's own definition of that rank.
+_PS = "vllm.distributed.parallel_state"
+_OUTPUT_RANK = (
+    _n(_PS, "get_pp_group"), _n(_PS, "get_tp_group"), _n(_PS, "get_pcp_group"),
+    _n(_PS, "GroupCoordinator.is_first_rank"), _n(_PS, "GroupCoordinator.is_last_rank"),
+    _s("vllm.v1.executor.multiproc_executor", "MultiprocExecutor._get_output_rank",
+       "self.world_size", "self.parallel_config.tensor_parallel_size",
+       "self.parallel_config.prefill_context_parallel_size"),
+)
 V1 = "vllm.v1.worker.gpu_model_runner"
 TITO_P = "vllm.entrypoints.scale_out.token_in_token_out.protocol"
 TITO = "vllm.entrypoints.scale_out.token_in_token_out.serving"
@@ -250,7 +260,12 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "load_dummy_weights", "args", "kwargs"),
         _f(f"{GPU}.model_runner", "GPUModelRunner._dummy_sampler_run", "self",
            "hidden_states"),
+        _f(f"{GPU}.model_runner", "GPUModelRunner._remove_request", "self", "req_id"),
+        _f(f"{GPU}.model_runner", "GPUModelRunner.sample", "self", "hidden_states",
+           "input_batch", "grammar_output"),
+        _f(f"{GPU}.model_runner", "GPUModelRunner.sample_tokens", "self", "grammar_output"),
         _s(f"{GPU}.model_runner", "GPUModelRunner.load_model", "self.sampler = Sampler("),
+        *_OUTPUT_RANK,
     ),
     "async_output": (
         _f(f"{GPU}.async_utils", "AsyncOutput.__init__", "self", "model_runner_output",
@@ -281,7 +296,9 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _f(V1, "GPUModelRunner.sample_tokens", "self", "grammar_output"),
         _f(V1, "AsyncGPUModelRunnerOutput.get_output", "self"),
         _f(V1, "GPUModelRunner._dummy_sampler_run", "self", "hidden_states"),
+        _f(V1, "GPUModelRunner._may_reorder_batch", "self", "scheduler_output"),
         _s(V1, "GPUModelRunner.__init__", "self.sampler = Sampler("),
+        *_OUTPUT_RANK,
         _s(V1, "GPUModelRunner._sample", "self.sampler("),
         _s("vllm.v1.worker.gpu_input_batch", "InputBatch.__init__", "self.top_k_cpu =",
            "self.generators"),
