@@ -28,13 +28,14 @@ class MissingSamplingMaskError(RuntimeError):
 
 
 def check_request(sampling_params, *, engine_on: bool = True,
-                  max_size: int = DEFAULT_MAX_SIZE) -> bool:
+                  max_size: int = DEFAULT_MAX_SIZE, vocab_size: int | None = None) -> bool:
     """Whether the request carries a mask; SamplingMaskRequestError if it cannot."""
     requested = (sampling_params.extra_args or {}).get(MASK_ARG)
     wants, problem = resolve_request(
         engine_on=engine_on, requested=requested,
         temperature=sampling_params.temperature, top_k=sampling_params.top_k,
-        top_p=sampling_params.top_p, min_p=sampling_params.min_p, max_size=max_size)
+        top_p=sampling_params.top_p, min_p=sampling_params.min_p, max_size=max_size,
+        vocab_size=vocab_size)
     if problem is not None:
         parameter, message = problem
         value = requested if parameter == MASK_ARG else getattr(sampling_params, parameter)
