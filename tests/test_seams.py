@@ -375,6 +375,46 @@ SOURCE_USES["shutdown_answers"] = [
      ["self.engine_dead = True"]),
 ]
 
+# Request errors as people read them (branch firsthour): the API server's validation
+# handler, whose answer the patch rewrites, and the serving modules whose loggers it
+# filters; `/v1/models` cards; the shutdown's output-handler log.
+API_SERVER = "vllm.entrypoints.openai.api_server"
+FUNCTIONS["validation_messages"] = [
+    (API_SERVER, "validation_exception_handler", ["req", "exc"]),
+]
+SOURCE_USES["validation_messages"] = [
+    (API_SERVER, "build_app",
+     ["app.exception_handler(RequestValidationError)(validation_exception_handler)"]),
+    ("vllm.entrypoints.serve.utils.server_utils", "validation_exception_handler",
+     ["JSONResponse(err.model_dump(), status_code=HTTPStatus.BAD_REQUEST)"]),
+]
+SOURCE_USES["refusal_log"] = [
+    ("vllm.entrypoints.openai.completion.serving",
+     "OpenAIServingCompletion.completion_stream_generator",
+     ['logger.exception("Error in completion stream generator.")']),
+    ("vllm.entrypoints.openai.chat_completion.serving",
+     "OpenAIServingChat.chat_completion_stream_generator",
+     ['logger.exception("Error in chat completion stream generator.")']),
+    ("vllm.entrypoints.scale_out.token_in_token_out.serving",
+     "ServingTokens.serve_tokens_stream_generator",
+     ['logger.exception("Error in token generation stream.")']),
+]
+NAMES["refusal_log"] = [("vllm.exceptions", "VLLMClientError")]
+FUNCTIONS["models_dtype"] = [
+    ("vllm.entrypoints.openai.models.serving", "OpenAIServingModels.show_available_models",
+     ["self"]),
+]
+SOURCE_USES["models_dtype"] = [
+    ("vllm.entrypoints.openai.models.serving", "OpenAIServingModels.__init__",
+     ["self.model_config = ", "self.base_model_paths = base_model_paths"]),
+]
+FUNCTIONS["shutdown_log"] = [(ALLM, "AsyncLLM.shutdown", ["self", "timeout"])]
+SOURCE_USES["shutdown_log"] = [
+    (ALLM, "AsyncLLM._run_output_handler",
+     ['logger.exception("AsyncLLM output_handler failed.")']),
+]
+
+
 def test_every_patch_has_a_contract():
     covered = set(FUNCTIONS) | set(NAMES) | set(FIELDS) | set(SOURCE_USES)
     assert set(REGISTRY) <= covered, sorted(set(REGISTRY) - covered)

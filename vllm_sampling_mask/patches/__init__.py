@@ -49,6 +49,14 @@ REGISTRY: dict[str, str] = {
     # route of the API server, and the engine core's half of it.
     "debug_state": "vllm.entrypoints.openai.api_server",
     "debug_state_core": "vllm.v1.engine.core",
+    # Request errors as people read them: a schema 400 in one sentence naming the
+    # parameter, and a refused request in one log line.
+    "validation_messages": "vllm.entrypoints.openai.api_server",
+    "refusal_log": "vllm.entrypoints.openai.api_server",
+    # `/v1/models` says the served dtype (replay_check explains a bfloat16 spread).
+    "models_dtype": "vllm.entrypoints.openai.models.serving",
     # Requests still pending when the engine client shuts down (SIGTERM) are answered.
     "shutdown_answers": "vllm.v1.engine.async_llm",
+    # ... and the log of a shutdown asked for ends without an EngineDeadError traceback.
+    "shutdown_log": "vllm.v1.engine.async_llm",
 }
