@@ -106,7 +106,9 @@ def test_malformed_json_names_the_body(client, route, raw):
     (GEN, "[]", "body", "The request body must be a JSON object, not []."),
     (GEN, "", "body", "The request has no body: send one JSON object."),
     (CMPL, body(CMPL, prompt=5), "prompt", "prompt must be a list of token ids, a list of "
-     "lists of token ids, a string or a list of strings, not 5."),
+     "lists of token ids, a string, a list of strings or null, not 5."),
+    (CMPL, body(CMPL, stop=[5]), "stop", "stop must be a string, a list of strings or "
+     "null, not [5]."),
     (CMPL, body(CMPL, top_p="x"), "top_p", "top_p must be a number or null, not 'x'."),
     (CMPL, "null", "body", "The request has no body: send one JSON object."),
     (GEN, {"sampling_params": {}}, "token_ids", "token_ids is required: add it to the request."),
@@ -115,6 +117,8 @@ def test_malformed_json_names_the_body(client, route, raw):
      "messages[0].content must be a string or a list, not 5."),
     (CHAT, body(CHAT, messages=[5]), "messages[0]", None),
     (CHAT, body(CHAT, logit_bias=[1, 2]), "logit_bias", None),
+    (CMPL, body(CMPL, logit_bias={"7": "x"}), 'logit_bias["7"]',
+     """logit_bias["7"] must be a number, not 'x'."""),
     (CHAT, "[]", "body", None),
 ])
 def test_schema_errors_name_the_parameter(client, route, payload, param, message):

@@ -68,7 +68,12 @@ def param_of(loc) -> str:
         parts = parts[1:]
     text = ""
     for p in parts:
-        text += f"[{p}]" if isinstance(p, int) else (f".{p}" if text else str(p))
+        if isinstance(p, int):
+            text += f"[{p}]"
+        elif not str(p).isidentifier() and text:    # a dict key: logit_bias["7"]
+            text += f"[{json.dumps(str(p))}]"
+        else:
+            text += f".{p}" if text else str(p)
     return text or "body"
 
 
@@ -149,17 +154,32 @@ def describe(errors: list[dict], nullable: Callable[[tuple], bool | None] | None
     three fields are described."""
     nullable = nullable or (lambda loc: None)
     errors = _prune([e for e in errors if isinstance(e, dict)])
-    by_field: dict[str, list[dict]] = {}
+    unions: dict[str, list[dict]] = {}
     for error in errors:
-        by_field.setdefault(param_of(error.get("loc") or ()), []).append(error)
+        unions.setdefault(_union_key(error.get("loc") or ()), []).append(error)
     sentences = []
-    for param, group in by_field.items():
-        kinds = {e.get("type") for e in group}
-        if len(group) > 1 and len(kinds) > 1 and kinds <= set(_KINDS):
-            sentences.append(_union_sentence(param, group, nullable))
-        else:
-            e = group[0]
-            sentences.append(sentence(e, nullable(tuple(e.get("loc") or ()))))
+    for key, group in unions.items():
+        branches = {_branch(e.get("loc") or ()) for e in group}
+        if len(branches) > 1 and None not in branches and all(
+                _TYPE_BRANCH.match(b) for b in branches) and not any(
+                e.get("type") in ("json_invalid", "missing") for e in group):
+            sentences.append(_branches_sentence(key, group, nullable))
+            continue
+        by_field: dict[str, list[dict]] = {}
+        for error in group:
+            by_field.setdefault(param_of(error.get("loc") or ()), []).append(error)
+        for param, same in by_field.items():
+            kinds = {e.get("type") for e in same}
+            if len(same) > 1 and len(kinds) > 1 and kinds <= set(_KINDS):
+                sentences.append(_union_sentence(param, same, nullable))
+            elif len(same) > 1 and kinds == {"literal_error"}:
+                expected = [(e.get("ctx") or {}).get("expected", "") for e in same]
+                merged = {**same[0], "ctx": {"expected": _or(
+                    [x for text in expected for x in re.split(r", | or ", text) if x])}}
+                sentences.append(sentence(merged))
+            else:
+                e = same[0]
+                sentences.append(sentence(e, nullable(_fields(e.get("loc") or ()))))
     if not sentences:
         return "body", "The request was refused: check its JSON body."
     text = " ".join(m[:1].upper() + m[1:] if m.startswith("the ") else m
@@ -167,6 +187,53 @@ def describe(errors: list[dict], nullable: Callable[[tuple], bool | None] | None
     if len(sentences) > 3:
         text += f" ({len(sentences) - 3} more problem{'s' if len(sentences) > 4 else ''}.)"
     return sentences[0][0], text
+
+
+# A union branch named by a type (`str`, `list[int]`), not by a class
+_TYPE_BRANCH = re.compile(r"^(str|int|float|bool|list|dict|none|list\[.*\]|dict\[.*\])$")
+
+
+def _fields(loc) -> tuple:
+    """A location without pydantic's markers: the fields and indices a client wrote."""
+    return tuple(p for p in loc if not _marker(p))
+
+
+def _union_key(loc) -> str:
+    """The location up to its first union-branch marker, as a parameter name."""
+    head = []
+    for p in loc:
+        if _marker(p) and not str(p).startswith("function-"):
+            break
+        head.append(p)
+    return param_of(tuple(head))
+
+
+def _branch(loc) -> str | None:
+    for p in loc:
+        if _marker(p) and not str(p).startswith("function-"):
+            return p
+    return None
+
+
+def _branches_sentence(param: str, group: list[dict], nullable) -> tuple[str, str]:
+    """`stop must be a string, a list of strings or null, not [5].`: the forms a
+    union field takes, named by its branches."""
+    forms, value, have_value = [], None, False
+    for e in group:
+        loc = tuple(e.get("loc") or ())
+        branch = _branch(loc)
+        forms.append(_FORMS.get(branch) or _BRANCH_KINDS.get(branch) or branch)
+        if not have_value and loc and loc[-1] == branch and "input" in e:
+            value, have_value = e["input"], True
+    head = []
+    for p in tuple(group[0].get("loc") or ()):
+        if _marker(p) and not str(p).startswith("function-"):
+            break
+        head.append(p)
+    if nullable(_fields(head)):
+        forms.append("null")
+    got = f", not {show(value)}" if have_value else ""
+    return param, f"{param} must be {_or(forms)}{got}."
 
 
 def _prune(errors: list[dict]) -> list[dict]:
@@ -201,7 +268,12 @@ def _prune(errors: list[dict]) -> list[dict]:
                     for b in bad:
                         dropped.update(id(e) for e in live[b])
         errors = [e for e in errors if id(e) not in dropped]
-    return errors
+    # Variants pydantic does not tag (each wrapped in the same validator): a wrong
+    # `type` / `role` literal makes the fields other variants require moot.
+    wrong_kind = {_fields(e.get("loc") or ())[:-1] for e in errors
+                  if e.get("type") == "literal_error"}
+    return [e for e in errors if not (e.get("type") == "missing"
+                                      and _fields(e.get("loc") or ())[:-1] in wrong_kind)]
 
 
 _FORMS = {"list[constrained-int]": "a list of token ids", "list[int]": "a list of token ids",
@@ -215,7 +287,7 @@ def _union_sentence(param: str, group: list[dict], nullable) -> tuple[str, str]:
         loc = tuple(e.get("loc") or ())
         named = next((_FORMS[p] for p in reversed(loc) if p in _FORMS), None)
         forms.append(named or _KINDS[e["type"]])
-    if nullable(tuple(group[0].get("loc") or ())):
+    if nullable(_fields(group[0].get("loc") or ())):
         forms.append("null")
     # "a list" says less than "a list of token ids": keep the precise forms
     if any(f.startswith("a list of") for f in forms):

@@ -44,7 +44,8 @@ def body_model(request):
 
 
 def takes_null(model, loc) -> bool | None:
-    """Whether the top-level field `loc` names (`('body', name)`) takes null."""
+    """Whether the top-level field `loc` names (`('body', name)`, pydantic's markers
+    left out) takes null; None when unknown (a nested field, no model)."""
     names = [p for p in loc if isinstance(p, str) and p != "body"]
     if model is None or len(loc) != 2 or not names or names[0] not in model.model_fields:
         return None
