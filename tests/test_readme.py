@@ -55,7 +55,7 @@ def test_readme_python_snippet_runs_as_printed(tmp_path):
     # float32 rollouts, said before the wait; no compile step
     output = r.stdout + r.stderr
     assert "Downcasting" not in output and "dtype=torch.float32" in output
-    assert r.stdout.startswith("starting the engine")
+    assert "starting the engine" in r.stdout
     assert "enforce_eager=True" in snippet        # compiling: minutes without output
 
 

@@ -97,8 +97,8 @@ def wait_healthy(base: str, proc: subprocess.Popen, timeout: float = 600,
     while time.time() < deadline:
         if log_path is not None and time.time() - said >= every:
             said = time.time()
-            print(f"  ... {said - started:3.0f} s, waiting for the server: "
-                  f"{last_log_line(log_path)}", flush=True)
+            print(f"  ... {said - started:3.0f} s, waiting for the server: its last log "
+                  f"line: {last_log_line(log_path)}", flush=True)
         if proc.poll() is not None:
             raise RuntimeError(f"vllm serve exited with code {proc.returncode}")
         try:
