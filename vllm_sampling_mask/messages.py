@@ -3,7 +3,7 @@
 Plain module (no vLLM import): turns the errors pydantic / FastAPI report for a
 request body (`RequestValidationError.errors()`: dicts with `type`, `loc`, `msg`,
 `input`, `ctx`) into `(param, message)`: the parameter's name as the client
-spelled it (`return_sampling_mask`, `sampling_params.top_k`, `messages.0.content`,
+spelled it (`return_sampling_mask`, `sampling_params.top_k`, `messages[0].content`,
 `body` for the body as a whole) and what is allowed, e.g.
 
     return_sampling_mask must be true, false or null, not 'yes'.
