@@ -191,14 +191,15 @@ def main() -> None:
     print("before the step (trainer at the rollout's weights vs the engine's logprobs):")
     print(line("masked (nucleus_logprobs):", before_masked))
     print(line("unmasked (full_logprobs):", before_unmasked))
-    print(f"loss {float(loss):.6f} -> {loss_after:.6f} after one AdamW step (lr {args.lr})")
+    loss_before = float(loss.detach())   # a scalar of the graph: detached, no warning
+    print(f"loss {loss_before:.6f} -> {loss_after:.6f} after one AdamW step (lr {args.lr})")
     print("after the step (new policy vs the rollout policy, masked):")
     print(line("masked (nucleus_logprobs):", after))
     print(f"advantage-weighted change of the sampled tokens' logprobs: {moved:+.4f}")
     print(f"time: rollout {t_rollout:.1f}s, total {time.time() - t0:.1f}s")
     print(json.dumps({"tokens": T, "before_masked": before_masked,
                       "before_unmasked": before_unmasked, "after": after,
-                      "loss_before": float(loss), "loss_after": loss_after,
+                      "loss_before": loss_before, "loss_after": loss_after,
                       "advantage_weighted_change": moved, "rewards": rewards}))
 
 

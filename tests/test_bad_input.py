@@ -61,6 +61,11 @@ def assert_refused(base, r, mentions=(), status=(400, 422)):
     assert r.status_code in status, (r.status_code, r.text[:500])
     error = r.json()["error"]
     assert error["message"].strip(), r.text
+    # one sentence a person reads: no Python reprs of pydantic's error dicts, and a
+    # parameter name as `param` (not `body.62`, a character offset)
+    assert "{'type'" not in error["message"] and "validation error" not in error["message"]
+    param = error.get("param") or ""
+    assert not param.startswith("body.") and not param.split(".")[-1].isdigit(), param
     said = f"{error['message']} {error.get('param') or ''}"
     for text in mentions:
         assert text in said, (text, said[:500])

@@ -134,6 +134,8 @@ def test_grpo_step_example_runs_as_documented():
     r = subprocess.run(["bash", "-c", command], cwd=ROOT, env=clean_env(),
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-4000:])
+    # no "Converting a tensor with requires_grad=True to a scalar" warning
+    assert "requires_grad" not in r.stderr, r.stderr[-2000:]
     result = json.loads(r.stdout.strip().splitlines()[-1])     # the documented last line
     masked, unmasked, after = (result["before_masked"], result["before_unmasked"],
                                result["after"])

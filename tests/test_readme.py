@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -51,6 +52,11 @@ def test_readme_python_snippet_runs_as_printed(tmp_path):
     tokens, masks = [eval(l) for l in r.stdout.splitlines() if l.startswith("[")][-2:]
     assert len(tokens) == len(masks) == 8
     assert all(t in m and 1 <= len(m) <= 50 for t, m in zip(tokens, masks))
+    # float32 rollouts, said before the wait; no compile step
+    output = r.stdout + r.stderr
+    assert "Downcasting" not in output and "dtype=torch.float32" in output
+    assert "starting the engine" in r.stdout
+    assert "enforce_eager=True" in snippet        # compiling: minutes without output
 
 
 def test_readme_serve_and_curl_run_as_printed(tmp_path):
@@ -78,6 +84,7 @@ def test_readme_serve_and_curl_run_as_printed(tmp_path):
         assert len(choice["sampling_mask"]) == len(choice["token_ids"]) == 4
         text = (tmp_path / "serve.log").read_text()
         assert "Sampling masks on" in text and "V1 model runner" in text
+        assert "--dtype float32" in serve and "dtype=torch.float32" in text
         # the openai-client example, against the same server
         (example,) = blocks("py")
         script = tmp_path / "chat.py"
@@ -103,3 +110,11 @@ def test_readme_main_job_runs_as_printed(prefix, tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert "ok: one sampling mask per generated token" in r.stdout
+    # it says what it waits for, and what it sent
+    assert "waiting for the server: " in r.stdout
+    assert 'sampling_params {"temperature": 0.8, "top_k": 20, "top_p": 0.9' in r.stdout
+    # its server log ends without a traceback (the shutdown was asked for)
+    log = os.path.join(tempfile.gettempdir(), "vllm-sampling-mask-demo-8123.log")
+    with open(log) as f:
+        text = f.read()
+    assert "Traceback" not in text and "EngineDeadError:" not in text, text[-3000:]

@@ -56,6 +56,7 @@ def test_in_process_small_grid(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     report = check_report(out, arms=2, max_tokens_total=8 * 2 * 12)
     assert report["source"] == "in-process"
+    assert report["engine_dtype"] == "float32" and report["dtype_note"] is None
     top_k_arm = report["arms"][0]
     assert top_k_arm["support"]["support_p99"] <= 50
     assert "with the mask" in r.stdout and "top_k=50" in r.stdout
@@ -70,6 +71,38 @@ def test_against_a_server(mask_server, tmp_path):
     assert code == 0
     report = check_report(out, arms=2, max_tokens_total=8 * 2 * 8)
     assert report["source"] == mask_server
+    assert report["engine_dtype"] == "float32" and report["dtype_note"] is None
+
+
+def test_a_server_not_in_float32_is_said_to_cause_the_spread(mask_server, tmp_path,
+                                                             monkeypatch, capsys):
+    """The report names the dtype as the masked ratio's cause, with the float32
+    figures to expect (the server is float32; what it says of its dtype is not)."""
+    real = replay_check.server_model
+    monkeypatch.setattr(replay_check, "server_model",
+                        lambda server: (real(server)[0], "bfloat16"))
+    out = tmp_path / "report"
+    assert replay_check.main(["--server", mask_server, "--arm", "temperature=1.0,top_k=50",
+                              "--samples", "1", "--max-tokens", "4", "--out", str(out)]) == 0
+    with open(out / "replay_check.json") as f:
+        report = json.load(f)
+    assert report["engine_dtype"] == "bfloat16"
+    note = report["dtype_note"]
+    assert "bfloat16" in note and "not from the mask" in note and "1.000" in note
+    assert report["float32_expected"]["masked"]["ratio_p1"] == 1.0
+    captured = capsys.readouterr()
+    assert f"note: {note}" in captured.out and note in captured.err
+    assert replay_check.dtype_note("float32", "in-process") is None
+    assert "does not say its dtype" in replay_check.dtype_note(None, mask_server)
+
+
+def test_help_shows_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        replay_check.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for said in ("(default: 4)", "(default: 32)", "(default: 0)", "(default: float32)",
+                 "(default: 1G)", "(default: ./replay_check"):
+        assert said in text, said
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -70,9 +71,34 @@ def server_env(runner: str | None = None) -> dict[str, str]:
     return env
 
 
-def wait_healthy(base: str, proc: subprocess.Popen, timeout: float = 600) -> None:
-    deadline = time.time() + timeout
+def last_log_line(path: str) -> str:
+    """The server log's last line without vLLM's prefix (process, level, time,
+    source), shortened: what the server is doing now."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 4096))
+            lines = [l for l in f.read().decode(errors="replace").splitlines() if l.strip()]
+    except OSError:
+        return ""
+    if not lines:
+        return "starting Python and importing vLLM"
+    text = re.sub(r"^(\(\w+ pid=\d+\) )?(\w+ \d\d-\d\d [\d:]+ \[[^\]]*\] )?", "",
+                  lines[-1].strip())
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def wait_healthy(base: str, proc: subprocess.Popen, timeout: float = 600,
+                 log_path: str | None = None, every: float = 10) -> None:
+    """Poll `/health` until it answers 200. With `log_path`, say every `every`
+    seconds how long it has waited and the server log's last line."""
+    started = time.time()
+    deadline = started + timeout
+    said = started
     while time.time() < deadline:
+        if log_path is not None and time.time() - said >= every:
+            said = time.time()
+            print(f"  ... {said - started:3.0f} s, waiting for the server: its last log "
+                  f"line: {last_log_line(log_path)}", flush=True)
         if proc.poll() is not None:
             raise RuntimeError(f"vllm serve exited with code {proc.returncode}")
         try:
@@ -97,18 +123,19 @@ def post_json(url: str, body: dict, timeout: float = 600) -> tuple[int, dict]:
 
 @contextlib.contextmanager
 def serving(port: int, log_path: str, extra=(), runner: str | None = None, env=None,
-            mask: bool = True):
+            mask: bool = True, progress: bool = False):
     """Run `vllm serve` on the demo model (mask on) until the block exits; yields its URL.
 
     `env`: variables to set in the server's environment on top of `server_env`;
-    `mask=False`: the same server without `--return-sampling-mask`."""
+    `mask=False`: the same server without `--return-sampling-mask`; `progress`:
+    print, every 10 s of start-up, what the server is doing."""
     base = f"http://127.0.0.1:{port}"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(server_command(port, extra=extra, mask=mask),
                                 env={**server_env(runner), **(env or {})},
                                 stdout=log, stderr=subprocess.STDOUT)
         try:
-            wait_healthy(base, proc)
+            wait_healthy(base, proc, log_path=log_path if progress else None)
             yield base
         finally:
             proc.terminate()
@@ -131,13 +158,15 @@ def main() -> None:
 
     log_path = os.path.join(tempfile.gettempdir(), f"vllm-sampling-mask-demo-{args.port}.log")
     print("starting:", " ".join(server_command(args.port)), flush=True)
-    print(f"(server log: {log_path}; start-up takes about 30 s on 2 CPU cores)", flush=True)
-    with serving(args.port, log_path) as base:
-        body = {"model": DEMO_MODEL, "token_ids": prompt_ids,
-                "sampling_params": {"temperature": 0.8, "top_k": 20, "top_p": 0.9,
-                                    "max_tokens": args.max_tokens, "logprobs": 0,
-                                    "seed": 0}}
+    print(f"(server log: {log_path}; start-up takes 30-70 s on 2 CPU cores)", flush=True)
+    with serving(args.port, log_path, progress=True) as base:
+        sampling = {"temperature": 0.8, "top_k": 20, "top_p": 0.9,
+                    "max_tokens": args.max_tokens, "logprobs": 0, "seed": 0}
+        body = {"model": DEMO_MODEL, "token_ids": prompt_ids, "sampling_params": sampling}
+        print(f"server ready; POST /inference/v1/generate with sampling_params "
+              f"{json.dumps(sampling)}", flush=True)
         status, resp = post_json(base + "/inference/v1/generate", body)
+        print("stopping the server", flush=True)
     if status != 200:
         raise RuntimeError(f"HTTP {status}: {resp}")
     choice = resp["choices"][0]

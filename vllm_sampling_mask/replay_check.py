@@ -146,11 +146,14 @@ def check_model(model: str) -> None:
 # -- rollouts ----------------------------------------------------------------------
 
 def rollout_in_process(model: str, arms, prompt_ids, samples: int, max_tokens: int,
-                       seed: int, engine_kwargs: dict) -> list[list[Rollout]]:
+                       seed: int, engine_kwargs: dict, engine_dtype: list
+                       ) -> list[list[Rollout]]:
+    """The rollouts per arm; `engine_dtype[0]` is set to the engine's dtype."""
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=model, return_sampling_mask=True, logprobs_mode="processed_logprobs",
               seed=seed, **engine_kwargs)
+    engine_dtype[0] = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
     results = []
     for a, arm in enumerate(arms):
         params = [SamplingParams(n=samples, max_tokens=max_tokens, logprobs=0,
@@ -189,9 +192,36 @@ def _call(method: str, url: str, **kwargs):
     return r.json()
 
 
-def server_model(server: str) -> str:
+def server_model(server: str) -> tuple[str, str | None]:
+    """(the served model's path or id, its dtype: the `dtype` field this package
+    adds to `/v1/models`, None from a server without it)."""
     (entry, *_) = _call("GET", server.rstrip("/") + "/v1/models")["data"]
-    return entry.get("root") or entry["id"]
+    return entry.get("root") or entry["id"], entry.get("dtype")
+
+
+# What the masked ratio looks like when the engine runs in float32, as the trainer
+# side does (docs/replay_check.md, the demo model's table): the spread is numerics.
+FLOAT32_MASKED = {"ratio_p1": 1.0, "ratio_p99": 1.0, "out_of_band": 0.0,
+                  "mismatch_kl_below": 1e-9}
+
+
+def dtype_note(engine_dtype: str | None, source: str) -> str | None:
+    """The sentence that explains a masked ratio's spread by the engine's dtype,
+    or None when the engine runs in float32."""
+    if engine_dtype == "float32":
+        return None
+    fix = ("`--dtype float32` on `vllm serve`" if source != "in-process"
+           else "`--dtype float32`")
+    expect = ("expect masked p1 = p99 = 1.000, 0% out of band and a mismatch KL below "
+              "1e-9")
+    if engine_dtype is None:
+        return ("the server does not say its dtype (no `dtype` in its /v1/models: a "
+                "server without vllm_sampling_mask's patches): if it is not float32, the "
+                "masked ratio's spread comes from that dtype, not from the mask; with a "
+                f"float32 server {expect}.")
+    return (f"the engine runs in {engine_dtype}, the trainer side in float32: the masked "
+            "ratio's spread (p1/p99 away from 1, tokens out of band) comes from that "
+            f"dtype, not from the mask. With a float32 engine ({fix}) {expect}.")
 
 
 def rollout_server(server: str, model: str, arms, prompt_ids, samples: int,
@@ -361,17 +391,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--prompts", default=None,
                     help="a file of prompts, one per line (or .jsonl with \"prompt\"); "
                          "default: 8 built-in Python prompts")
-    ap.add_argument("--samples", type=int, default=4, help="samples per prompt (n)")
-    ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--samples", type=int, default=4,
+                    help="samples per prompt (n) (default: %(default)s)")
+    ap.add_argument("--max-tokens", type=int, default=32,
+                    help="tokens per sample (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="base seed of the rollouts (default: %(default)s)")
     ap.add_argument("--dtype", default="float32",
-                    help="the in-process engine's dtype (the trainer side is float32)")
+                    help="the in-process engine's dtype; the trainer side is float32 "
+                         "(default: %(default)s)")
     ap.add_argument("--kv-cache-memory-bytes", type=_size, default="1G",
                     help="the in-process engine's KV cache, bytes or with a K/M/G "
-                         "(binary) suffix (a CPU host needs it sized)")
-    ap.add_argument("--max-model-len", type=int, default=None)
+                         "(binary) suffix; a CPU host needs it sized (default: 1G)")
+    ap.add_argument("--max-model-len", type=int, default=None,
+                    help="the in-process engine's context length (default: the "
+                         "model's)")
     ap.add_argument("--out", default="replay_check",
-                    help="directory for replay_check.json and replay_check.png")
+                    help="directory for replay_check.json and replay_check.png, made if "
+                         "missing (default: ./replay_check, under the current "
+                         "directory; the path is printed at start)")
     args = ap.parse_args(argv)
     if args.samples < 1 or args.max_tokens < 1:
         ap.error("--samples and --max-tokens must be at least 1")
@@ -383,7 +421,7 @@ def run(args: argparse.Namespace) -> dict:
     arms = [parse_arm(a) for a in (args.arm or DEFAULT_ARMS)]
     prompts = load_prompts(args.prompts)
     if args.server:
-        served = server_model(args.server)
+        served, engine_dtype = server_model(args.server)
         model = args.model or served
     else:
         model = args.model or DEMO_MODEL
@@ -395,6 +433,8 @@ def run(args: argparse.Namespace) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model)
     prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] or
                   [tokenizer.bos_token_id or 0] for p in prompts]
+    print(f"replay_check: writing to {os.path.abspath(args.out)}", file=sys.stderr,
+          flush=True)
     print(f"replay_check: {model}, {len(arms)} arms x {len(prompts)} prompts x "
           f"{args.samples} samples x {args.max_tokens} tokens, "
           f"{'server ' + args.server if args.server else 'in-process engine'}",
@@ -408,9 +448,14 @@ def run(args: argparse.Namespace) -> dict:
                              kv_cache_memory_bytes=args.kv_cache_memory_bytes)
         if args.max_model_len:
             engine_kwargs["max_model_len"] = args.max_model_len
+        found = [None]
         rollouts = rollout_in_process(model, arms, prompt_ids, args.samples,
-                                      args.max_tokens, args.seed, engine_kwargs)
+                                      args.max_tokens, args.seed, engine_kwargs, found)
+        engine_dtype = found[0]
         source = "in-process"
+    note = dtype_note(engine_dtype, source)
+    if note:
+        print(f"replay_check: note: {note}", file=sys.stderr, flush=True)
 
     hf_model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     reports = []
@@ -426,8 +471,9 @@ def run(args: argparse.Namespace) -> dict:
                        "pi_trainer / pi_engine, float32 trainer")
     report = {
         "model": model, "source": source,
-        "engine_dtype": args.dtype if not args.server else "the server's",
-        "trainer_dtype": "float32", "prompts": len(prompts), "samples": args.samples,
+        "engine_dtype": engine_dtype, "trainer_dtype": "float32",
+        "dtype_note": note,
+        "float32_expected": None if note is None else {"masked": FLOAT32_MASKED}, "prompts": len(prompts), "samples": args.samples,
         "max_tokens": args.max_tokens, "seed": args.seed, "band": list(BAND),
         "arms": [{k: v for k, v in rep.items() if not k.startswith("_")}
                  for rep in reports],
@@ -437,6 +483,8 @@ def run(args: argparse.Namespace) -> dict:
     with open(path, "w") as f:
         json.dump(report, f, indent=2)
     print(table(reports))
+    if note:
+        print(f"\nnote: {note}")
     print(f"\nwrote {path} and {png} ({report['wall_seconds']} s)")
     return report
 

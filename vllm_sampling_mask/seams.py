@@ -112,6 +112,7 @@ def _s(module: str, name: str, *uses: str, versions: Versions = None) -> SourceU
 
 
 GPU = "vllm.v1.worker.gpu"
+API_SERVER = "vllm.entrypoints.openai.api_server"
 # Where a runner adapter asks whether its worker is the executor's output rank
 # (`patches/_runner.py`): the groups, and the executor's own definition of that rank.
 _PS = "vllm.distributed.parallel_state"
@@ -420,6 +421,38 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _s(API, "init_app_state", "state.engine_client = engine_client"),
         _s(ALLM, "AsyncLLM.__init__", "self.output_processor = ", "self.engine_core = "),
         _s(OP, "OutputProcessor.__init__", "self.request_states", "self.parent_requests"),
+    ),
+    # Request errors as people read them: the API server's validation handler, whose
+    # answer the patch rewrites, and the serving modules whose loggers it filters.
+    "validation_messages": (
+        _f(API_SERVER, "validation_exception_handler", "req", "exc"),
+        _s(API_SERVER, "build_app",
+           "app.exception_handler(RequestValidationError)(validation_exception_handler)"),
+        _s("vllm.entrypoints.serve.utils.server_utils", "validation_exception_handler",
+           "JSONResponse(err.model_dump(), status_code=HTTPStatus.BAD_REQUEST)"),
+    ),
+    "refusal_log": (
+        _s("vllm.entrypoints.openai.completion.serving",
+           "OpenAIServingCompletion.completion_stream_generator",
+           'logger.exception("Error in completion stream generator.")'),
+        _s("vllm.entrypoints.openai.chat_completion.serving",
+           "OpenAIServingChat.chat_completion_stream_generator",
+           'logger.exception("Error in chat completion stream generator.")'),
+        _s("vllm.entrypoints.scale_out.token_in_token_out.serving",
+           "ServingTokens.serve_tokens_stream_generator",
+           'logger.exception("Error in token generation stream.")'),
+        _n("vllm.exceptions", "VLLMClientError"),
+    ),
+    "models_dtype": (
+        _f("vllm.entrypoints.openai.models.serving",
+           "OpenAIServingModels.show_available_models", "self"),
+        _s("vllm.entrypoints.openai.models.serving", "OpenAIServingModels.__init__",
+           "self.model_config = ", "self.base_model_paths = base_model_paths"),
+    ),
+    "shutdown_log": (
+        _f("vllm.v1.engine.async_llm", "AsyncLLM.shutdown", "self", "timeout"),
+        _s("vllm.v1.engine.async_llm", "AsyncLLM._run_output_handler",
+           'logger.exception("AsyncLLM output_handler failed.")'),
     ),
     "debug_state_core": (
         _f("vllm.v1.engine.core", "EngineCore.collective_rpc", "self", "method",

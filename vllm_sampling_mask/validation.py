@@ -50,15 +50,33 @@ def startup_errors(*, logprobs_mode: str, use_v2_model_runner: bool,
     return errors
 
 
+def effective_top_k(top_k: int, vocab_size: int | None) -> int:
+    """The top_k that truncates anything: a top_k at or above the vocabulary size
+    keeps every id, so it means no top-k (0), like 0 or -1."""
+    if top_k <= 0 or (vocab_size is not None and top_k >= vocab_size):
+        return 0
+    return top_k
+
+
 def resolve_request(*, engine_on: bool, requested, temperature: float, top_k: int,
-                    top_p: float, min_p: float, max_size: int
+                    top_p: float, min_p: float, max_size: int,
+                    vocab_size: int | None = None
                     ) -> tuple[bool, tuple[str, str] | None]:
     """(mask, problem): whether a request carries a mask, or (parameter, message).
 
     `requested` is the request's `return_sampling_mask`: True, False or None.
     With the engine flag on, None means a mask when the distribution is
     truncated (temperature > 0 and any of top_k, top_p < 1, min_p > 0).
+
+    A top_k at or above `vocab_size` (the model's) is no top-k, whatever
+    `requested` says: it truncates nothing, and a support it allows can never be
+    wider than the vocabulary. So top_k alone is refused up front only where it
+    lets a support grow past --max-sampling-mask-size (max_size < top_k <
+    vocab_size); with no top-k on a vocabulary wider than the limit, a step
+    whose support is wider than the limit ends its request
+    (`sampling_mask_error`), as it does for top_k=0.
     """
+    top_k = effective_top_k(top_k, vocab_size)
     if requested is not None and not isinstance(requested, bool):
         return False, (MASK_ARG, f"return_sampling_mask must be true, false or null, "
                                  f"not {requested!r}.")

@@ -90,6 +90,20 @@ _RECORDS = (
           "vLLM #36964 (open: the engine core aborts and flushes on SIGTERM; still "
           "misses a core killed mid-step and requests sent after its drain)",
           "AsyncLLM.shutdown fails or answers the requests still pending"),
+    Patch("shutdown_log", ("vllm.v1.engine.async_llm",), API, X,
+          NONE_KNOWN + "a requested shutdown (SIGTERM) ends the log in an EngineDeadError "
+          "traceback from AsyncLLM's output handler although nothing went wrong",
+          "upstream's output handler exits quietly on an engine it is stopping",
+          after=("shutdown_answers",)),
+    Patch("validation_messages", ("vllm.entrypoints.openai.api_server",), API, X,
+          NONE_KNOWN + "schema 400s carry Python reprs of pydantic's errors and a "
+          "character offset as `param` for malformed JSON "
+          "(serve/utils/server_utils.validation_exception_handler)",
+          "upstream words schema errors per field and keeps `param` a field name"),
+    Patch("refusal_log", ("vllm.entrypoints.openai.api_server",), API, X,
+          NONE_KNOWN + "a refused streamed request logs a 29-line traceback "
+          "('Error in completion stream generator') for a clean HTTP 400",
+          "upstream's stream generators log client errors without a traceback"),
     # -- CPU / Triton-interpreter enablers ------------------------------------
     Patch("interpreter_has_triton", ("vllm.triton_utils.importing",), ANY, E,
           "none: Triton's interpreter is no vLLM backend",
@@ -140,6 +154,10 @@ _RECORDS = (
           MASK_PR, MASK_GONE),
     Patch("openai_chat", ("vllm.entrypoints.openai.chat_completion.serving",), API, F,
           MASK_PR, MASK_GONE),
+    # `/v1/models` says the served dtype, so replay_check can explain a bfloat16 spread
+    Patch("models_dtype", ("vllm.entrypoints.openai.models.serving",), API, F,
+          "none: vLLM exposes the served dtype on no public route",
+          "upstream reports the served dtype on a public route"),
     # -- diagnostics -----------------------------------------------------------
     Patch("debug_state", ("vllm.entrypoints.openai.api_server",), API, D,
           "none: a test aid (upstream has no per-request state endpoint)", "keep"),

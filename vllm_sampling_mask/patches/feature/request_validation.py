@@ -5,7 +5,8 @@ What: wraps `InputProcessor._validate_params` and `InputProcessor.process_inputs
     `extra_args["return_sampling_mask"]` (true, false or null) is resolved
     against the engine (`validation.resolve_request`): a bad value, true on an
     engine without the flag, true with temperature 0, or true with a top_k
-    above --max-sampling-mask-size raise `errors.SamplingMaskRequestError` (a
+    above --max-sampling-mask-size (and below the vocabulary size: a top_k at
+    or above it is no top-k, whatever the switch) raise `errors.SamplingMaskRequestError` (a
     VLLMValidationError, so HTTP 400, and a ValueError for `LLM.generate`)
     naming the parameter. With the flag on, the request's own copy of its
     sampling parameters then gets `extra_args["return_sampling_mask"]` set to
@@ -27,13 +28,14 @@ from vllm_sampling_mask.validation import DEFAULT_MAX_SIZE, MASK_ARG, resolve_re
 
 
 def check_request(sampling_params, *, engine_on: bool = True,
-                  max_size: int = DEFAULT_MAX_SIZE) -> bool:
+                  max_size: int = DEFAULT_MAX_SIZE, vocab_size: int | None = None) -> bool:
     """Whether the request carries a mask; SamplingMaskRequestError if it cannot."""
     requested = (sampling_params.extra_args or {}).get(MASK_ARG)
     wants, problem = resolve_request(
         engine_on=engine_on, requested=requested,
         temperature=sampling_params.temperature, top_k=sampling_params.top_k,
-        top_p=sampling_params.top_p, min_p=sampling_params.min_p, max_size=max_size)
+        top_p=sampling_params.top_p, min_p=sampling_params.min_p, max_size=max_size,
+        vocab_size=vocab_size)
     if problem is not None:
         parameter, message = problem
         value = requested if parameter == MASK_ARG else getattr(sampling_params, parameter)
@@ -47,7 +49,8 @@ def apply(module) -> None:
     def check(self, params) -> bool:
         config = self.vllm_config.model_config
         return check_request(params, engine_on=mask_enabled(self.vllm_config),
-                             max_size=config.max_sampling_mask_size)
+                             max_size=config.max_sampling_mask_size,
+                             vocab_size=config.get_vocab_size())
 
     @wraps(module, "InputProcessor._validate_params")
     def _validate_params(wrapped, self, args, kwargs):

@@ -1,0 +1,105 @@
+"""What a new user met in the first hour, on the shared real server (conftest's
+`mask_server`: V1 runner, float32, --max-sampling-mask-size 128, demo model with
+V = 4096 ids): readable 400s on the three routes, one log line per refused streamed
+request, `top_k` at or above the vocabulary size, the dtype on `/v1/models`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+from vllm_sampling_mask import DEMO_MODEL
+
+GEN, CMPL, CHAT = "/inference/v1/generate", "/v1/completions", "/v1/chat/completions"
+V = 4096
+
+
+def body(route, sampling=(), **top):
+    if route == GEN:
+        b = {"model": DEMO_MODEL, "token_ids": [5, 6, 7],
+             "sampling_params": {"temperature": 1.0, "max_tokens": 3, **dict(sampling)}}
+    else:
+        b = {"model": DEMO_MODEL, "temperature": 1.0, "max_tokens": 3, **dict(sampling)}
+        if route == CMPL:
+            b["prompt"] = "def f"
+        else:
+            b["messages"] = [{"role": "user", "content": "hi"}]
+    b.update(top)
+    return b
+
+
+def post(base, route, payload, **kwargs):
+    data = payload if isinstance(payload, str) else json.dumps(payload)
+    return requests.post(base + route, data=data, timeout=120,
+                         headers={"Content-Type": "application/json"}, **kwargs)
+
+
+@pytest.mark.parametrize("route", [GEN, CMPL, CHAT])
+def test_schema_400s_are_one_sentence_naming_the_parameter(mask_server, route):
+    r = post(mask_server, route, body(route, return_sampling_mask="yes"))
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == (
+        "return_sampling_mask must be true, false or null, not 'yes'.")
+    assert r.json()["error"]["param"] == "return_sampling_mask"
+    raw = json.dumps(body(route))
+    r = post(mask_server, route, raw[:60] + raw[61:])        # one character missing
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "body", error
+    assert error["message"].startswith("The request body is not valid JSON (")
+    assert "\n" not in error["message"] and "{'type'" not in error["message"]
+
+
+@pytest.mark.parametrize("route", [GEN, CMPL, CHAT])
+def test_a_refused_streamed_request_logs_one_line(mask_server, mask_server_log, route):
+    before = mask_server_log.stat().st_size
+    greedy = ({"temperature": 0.0} if route == GEN else {})
+    payload = body(route, greedy, stream=True, return_sampling_mask=True)
+    if route != GEN:
+        payload["temperature"] = 0.0
+    r = post(mask_server, route, payload)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"
+    assert requests.get(mask_server + "/health", timeout=30).status_code == 200
+    with open(mask_server_log) as f:
+        f.seek(before)
+        logged = f.read()
+    refused = [line for line in logged.splitlines() if "Request refused in " in line]
+    assert len(refused) == 1, logged[-3000:]
+    assert "SamplingMaskRequestError (temperature): temperature=0.0 is greedy" in refused[0]
+    assert "Traceback" not in logged and "stream generator." not in logged, logged[-3000:]
+
+
+def masks_of(r):
+    assert r.status_code == 200, r.text
+    return [c["sampling_mask"] for c in r.json()["choices"]]
+
+
+@pytest.mark.parametrize("route", [GEN, CMPL])
+def test_top_k_at_or_above_the_vocabulary_means_no_top_k(mask_server, route):
+    # switch null: no mask, as with top_k=0 (nothing truncates); a real top-k has one
+    for top_k in (V, V + 1, 5000):
+        assert masks_of(post(mask_server, route, body(route, {"top_k": top_k}))) == [None]
+    assert masks_of(post(mask_server, route, body(route, {"top_k": 0}))) == [None]
+    (mask,) = masks_of(post(mask_server, route, body(route, {"top_k": 20})))
+    assert mask is not None and all(len(s) <= 20 for s in mask)
+    # switch true: answered exactly as top_k=0 is (this server's limit, 128, is below
+    # V, so a full-vocabulary step ends the request with the step's size error, not
+    # an up-front top_k refusal); with top_p it truncates and is served
+    answers = []
+    for top_k in (0, V, 5000):
+        r = post(mask_server, route, body(route, {"top_k": top_k, "seed": 3},
+                                          return_sampling_mask=True))
+        answers.append((r.status_code, r.json().get("error", {}).get("param")))
+        assert "top_k=" not in r.text, r.text
+    assert answers[0] == answers[1] == answers[2], answers
+    r = post(mask_server, route, body(route, {"top_k": 5000, "top_p": 0.5, "seed": 3},
+                                      return_sampling_mask=True))
+    (mask,) = masks_of(r)
+    assert mask is not None and len(mask) == 3
+
+
+def test_models_route_says_the_dtype(mask_server):
+    (card,) = requests.get(mask_server + "/v1/models", timeout=30).json()["data"]
+    assert card["dtype"] == "float32"

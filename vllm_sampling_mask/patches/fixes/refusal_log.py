@@ -1,0 +1,53 @@
+"""A refused request leaves one log line, not a traceback.
+
+What: on the API server's import (`vllm/entrypoints/openai/api_server.py`), adds a
+    `logging.Filter` to the loggers of the three routes' serving
+    modules (`vllm/entrypoints/openai/completion/serving.py`,
+    `.../chat_completion/serving.py`,
+    `vllm/entrypoints/scale_out/token_in_token_out/serving.py`). A record
+    carrying an exception that is a client error (`vllm.exceptions.VLLMClientError`:
+    the input processor's checks, the mask's request checks) loses its traceback
+    and reads `Request refused in <where>: <Error> (<parameter>): <message>`
+    (`messages.refusal_line`). Every other record, server errors included, is
+    left alone.
+Why: a refused *streamed* request reaches upstream's stream generators, whose
+    `except Exception: logger.exception("Error in completion stream generator.")`
+    logs a 29-line traceback for what the client gets as a clean HTTP 400 (the
+    route patches open the stream on its first event). Refusals are expected
+    traffic; a traceback says "bug".
+Upstream: `logger.exception(...)` in `completion_stream_generator`,
+    `chat_completion_stream_generator` and the generate route's stream generator.
+Remove when: upstream's stream generators log client errors without a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from vllm_sampling_mask.messages import refusal_line
+
+LOGGERS = ("vllm.entrypoints.openai.completion.serving",
+           "vllm.entrypoints.openai.chat_completion.serving",
+           "vllm.entrypoints.scale_out.token_in_token_out.serving")
+
+
+class OneLineRefusals(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        from vllm.exceptions import VLLMClientError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, VLLMClientError):
+            where = str(record.getMessage()).rstrip(".").removeprefix("Error in ")
+            record.msg, record.args = refusal_line(exc, where), ()
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+def apply(module) -> None:
+    # applied on the API server's import: the serving modules' loggers (vLLM's
+    # `init_logger(__name__)`) are the same objects whenever they are imported
+    for name in LOGGERS:
+        log = logging.getLogger(name)
+        if not any(isinstance(f, OneLineRefusals) for f in log.filters):
+            log.addFilter(OneLineRefusals())
