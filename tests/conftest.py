@@ -95,6 +95,30 @@ def assert_supports_match_reference(outs, cases, model) -> int:
     return compared
 
 
+GEN, CMPL, CHAT = "/inference/v1/generate", "/v1/completions", "/v1/chat/completions"
+
+
+def route_body(route, sampling=(), **top):
+    """The route's smallest valid body, with `sampling` fields where the route takes
+    them (generate: inside `sampling_params`) and `top` fields at the top level (a
+    value of `...` removes the field)."""
+    if route == GEN:
+        b = {"model": DEMO_MODEL, "token_ids": [5, 6, 7],
+             "sampling_params": {"temperature": 1.0, "max_tokens": 2, **dict(sampling)}}
+    else:
+        b = {"model": DEMO_MODEL, "temperature": 1.0, "max_tokens": 2, **dict(sampling)}
+        if route == CMPL:
+            b["prompt"] = "def f"
+        else:
+            b["messages"] = [{"role": "user", "content": "hi"}]
+    for key, value in top.items():
+        if value is ...:
+            b.pop(key, None)
+        else:
+            b[key] = value
+    return b
+
+
 # The shared server's limits: a small --max-sampling-mask-size so that tests can
 # trip it, and room for a few concurrent sequences.
 SERVER_MAX_MASK_SIZE = 128
@@ -192,7 +216,7 @@ def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is "
-                                   "False); run `python scripts/gpu_check.py` on a GPU host")
+                                   "False); on a GPU host: python -m pytest -m gpu")
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)

@@ -15,9 +15,9 @@ import math
 import pytest
 import requests
 
-from vllm_sampling_mask import DEMO_MODEL
+from conftest import CHAT, CMPL, GEN
+from conftest import route_body as body
 
-GEN, CMPL, CHAT = "/inference/v1/generate", "/v1/completions", "/v1/chat/completions"
 ROUTES = (GEN, CMPL, CHAT)
 V = 4096                       # the demo model's vocabulary
 RANGE = f"[0, {V - 1}]"        # what the token-id messages name as the valid range
@@ -27,27 +27,6 @@ BIG = 10 ** 20                 # beyond 64 bits
 @pytest.fixture(scope="module")
 def server(mask_server):
     return mask_server
-
-
-def body(route, sampling=(), **top):
-    """The route's smallest valid body, with `sampling` fields where the route takes
-    them (generate: inside `sampling_params`) and `top` fields at the top level (a
-    value of `...` removes the field)."""
-    if route == GEN:
-        b = {"model": DEMO_MODEL, "token_ids": [5, 6, 7],
-             "sampling_params": {"temperature": 1.0, "max_tokens": 2, **dict(sampling)}}
-    else:
-        b = {"model": DEMO_MODEL, "temperature": 1.0, "max_tokens": 2, **dict(sampling)}
-        if route == CMPL:
-            b["prompt"] = "def f"
-        else:
-            b["messages"] = [{"role": "user", "content": "hi"}]
-    for key, value in top.items():
-        if value is ...:
-            b.pop(key, None)
-        else:
-            b[key] = value
-    return b
 
 
 def post(base, route, payload):

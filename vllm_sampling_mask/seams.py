@@ -112,6 +112,7 @@ def _s(module: str, name: str, *uses: str, versions: Versions = None) -> SourceU
 
 
 GPU = "vllm.v1.worker.gpu"
+CPU_MOE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
 API_SERVER = "vllm.entrypoints.openai.api_server"
 # Where a runner adapter asks whether its worker is the executor's output rank
 # (`patches/_runner.py`): the groups, and the executor's own definition of that rank.
@@ -180,6 +181,13 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            'self.logprobs_mode == "processed_logprobs"',
            "q[i].exponential_(generator=generator)"),
     ),
+    "cpu_moe_float32_amx": (
+        _f(CPU_MOE, "CPUFusedMOE.check_grouped_gemm", "self", "layer"),
+        _s(CPU_MOE, "CPUFusedMOE.check_grouped_gemm",
+           "supports_amx = torch.cpu._is_amx_tile_supported()", "dtype == torch.bfloat16",
+           "raise RuntimeError(self._grouped_gemm_alignment_error(layer))"),
+        _s(CPU_MOE, "CPUFusedMOE.__init__", "self.check_grouped_gemm(layer)"),
+    ),
     "cpu_generator_rewind": (
         _f(V1, "GPUModelRunner._sample", "self", "logits", "spec_decode_metadata"),
         _f(V1, "GPUModelRunner._bookkeeping_sync", "self", "scheduler_output",
@@ -217,7 +225,10 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _s(ALLM, "AsyncLLM.__init__", "self.output_processor = ",
            "self.output_handler: asyncio.Task | None = None"),
         _s(ALLM, "AsyncLLM._run_output_handler",
-           "self.output_handler = asyncio.create_task("),
+           "self.output_handler = asyncio.create_task(",
+           "output_processor.propagate_error(e)"),
+        _f(OP, "OutputProcessor.propagate_error", "self", "e"),
+        _n("vllm.v1.engine.exceptions", "EngineDeadError"),
         _s(ALLM, "AsyncLLM.shutdown", "engine_core.shutdown(timeout=timeout)",
            "cancel_task_threadsafe(handler)"),
         _s(ALLM, "AsyncLLM.add_request", "if self.errored:", "raise EngineDeadError()"),

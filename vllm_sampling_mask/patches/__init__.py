@@ -81,12 +81,18 @@ _RECORDS = (
           "seeded and unseeded/greedy rows (TopKTopPSampler.forward_cpu, "
           "len(generators) != logits.shape[0])",
           "upstream's forward_cpu draws seeded rows from their generators in mixed batches"),
+    Patch("cpu_moe_float32_amx", ("vllm.model_executor.layers.fused_moe.cpu_fused_moe",),
+          WORKER, X,
+          NONE_KNOWN + "float32 MoE refused on AMX CPUs with a misleading alignment error "
+          "(CPUFusedMOE.check_grouped_gemm raises for any non-bfloat16 dtype with AMX)",
+          "upstream's check falls back to the non-AMX kernels for other dtypes"),
     Patch("token_id_validation", (INPUT,), API, X,
           NONE_KNOWN + "token ids out of the model's vocabulary kill the engine "
           "(prompt id == vocab size, stop_token_ids unchecked, 64-bit overflow is a 500)",
           "upstream checks ids against the model and answers these with 400",
           after=("request_validation",)),
-    Patch("shutdown_answers", ("vllm.v1.engine.async_llm",), API, X,
+    Patch("shutdown_answers", ("vllm.v1.engine.async_llm", "vllm.v1.engine.output_processor"),
+          API, X,
           "vLLM #36964 (open: the engine core aborts and flushes on SIGTERM; still "
           "misses a core killed mid-step and requests sent after its drain)",
           "AsyncLLM.shutdown fails or answers the requests still pending"),

@@ -8,8 +8,16 @@ What: wraps `AsyncLLM.shutdown` (vllm/v1/engine/async_llm.py). Once upstream's
     tokens so far and their masks, so its HTTP handler answers at once (a 200,
     or a last chunk and `[DONE]` when streamed). A request arriving afterwards
     already fails fast upstream (`engine_dead` is set: `EngineDeadError`, a
-    500). `AsyncLLM.output_handler` is declared (None) on the class, so a
-    shutdown from `__del__` of a half-built client finds nothing to do.
+    500). The output handler may see the engine core die first (its read raises
+    `EngineDeadError`, which upstream hands every pending request as a 500):
+    the wrapper marks the output processor (declared
+    `OutputProcessor.shutting_down`, False) before upstream's shutdown starts,
+    and a wrapped `OutputProcessor.propagate_error` answers the pending
+    requests with the same abort outputs instead when it is an
+    `EngineDeadError` during that shutdown (any other error, or one outside a
+    shutdown, propagates as upstream's). `AsyncLLM.output_handler` is declared
+    (None) on the class, so a shutdown from `__del__` of a half-built client
+    finds nothing to do.
     Shutdown only: no per-request cost. Applies with the mask flag on or off.
 Why: on SIGTERM the API server (`launcher.serve_http`) shuts the engine client
     down before uvicorn, and requests are answered only by outputs from the
@@ -28,7 +36,7 @@ Remove when: upstream answers pending requests on shutdown in the API server
 
 from __future__ import annotations
 
-from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.patches._wrap import argument, wraps
 
 
 def answer_pending(output_processor) -> None:
@@ -39,11 +47,24 @@ def answer_pending(output_processor) -> None:
 
 def apply(module) -> None:
     from vllm.utils.async_utils import run_in_loop
+    from vllm.v1.engine import output_processor as op
+    from vllm.v1.engine.exceptions import EngineDeadError
 
     module.AsyncLLM.output_handler = None
+    op.OutputProcessor.shutting_down = False
+
+    @wraps(op, "OutputProcessor.propagate_error")
+    def propagate_error(wrapped, self, args, kwargs):
+        if self.shutting_down and isinstance(argument(wrapped, args, kwargs, "e"),
+                                             EngineDeadError):
+            return answer_pending(self)
+        return wrapped(*args, **kwargs)
 
     @wraps(module, "AsyncLLM.shutdown")
     def shutdown(wrapped, self, args, kwargs):
+        processor = getattr(self, "output_processor", None)   # a half-built client has none
+        if processor is not None:
+            processor.shutting_down = True
         try:
             return wrapped(*args, **kwargs)
         finally:
