@@ -112,3 +112,19 @@ def test_the_fast_encoder_writes_the_general_encoders_bytes():
         deltas = np.concatenate([ids[:1], np.diff(ids) - 1])
         assert raw == encode_varints(np.concatenate([counts, deltas]))
         assert np.array_equal(decode_packed(encode_packed(ids, counts))[0], ids)
+
+
+@pytest.mark.parametrize("vocab", [2, 128, 4096, 151_936, 2**31 - 1])
+def test_a_few_ids_are_encoded_without_numpy_to_the_same_bytes(vocab):
+    """A stream chunk's few ids take the plain loop; its bytes are the vectorised
+    encoder's (given counts, which always takes the vectorised path)."""
+    rng = np.random.default_rng(vocab)
+    for tokens in (0, 1, 2, 5):
+        mask = _random_mask(rng, tokens, vocab, max_size=25)
+        assert len(mask.ids) < 128
+        small = encode_packed(mask.ids, offsets=mask.offsets)
+        assert small == encode_packed(mask.ids, np.diff(mask.offsets))
+        ids, counts = decode_packed(small)
+        assert np.array_equal(ids, mask.ids) and np.array_equal(counts, np.diff(mask.offsets))
+    with pytest.raises(ValueError, match="strictly ascending"):
+        encode_packed(np.array([5, 5]), offsets=np.array([0, 2]))

@@ -103,11 +103,46 @@ def _varints_3(v: np.ndarray) -> bytes:
     return table[written].tobytes()
 
 
+# Below this many ids (a stream chunk's few tokens), numpy's per-call cost is most
+# of the work: the same bytes are written by a plain loop over the ids.
+_SMALL = 128
+
+
+def _varint(value: int, out: bytearray) -> None:
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _encode_small(ids: list[int], offsets: list[int]) -> bytes:
+    """`encode_packed`'s varint stream for a few ids, without numpy."""
+    out = bytearray()
+    for t in range(len(offsets) - 1):
+        _varint(offsets[t + 1] - offsets[t], out)
+    for t in range(len(offsets) - 1):
+        previous = -1
+        for token_id in ids[offsets[t]: offsets[t + 1]]:
+            if token_id <= previous:
+                raise ValueError("packed sampling mask: each support must be strictly "
+                                 "ascending")
+            _varint(token_id - previous - 1 if previous >= 0 else token_id, out)
+            previous = token_id
+    return bytes(out)
+
+
 def encode_packed(ids: np.ndarray, counts: np.ndarray | None = None, *,
                   offsets: np.ndarray | None = None) -> dict:
     """The packed JSON object of a mask: `ids` every support concatenated in
     generation order (each strictly ascending), and either `counts` (the size of
     each support) or `offsets` (`SamplingMask.offsets`, length T + 1)."""
+    if len(ids) < _SMALL and offsets is not None:
+        bounds = offsets.tolist() if isinstance(offsets, np.ndarray) else list(offsets)
+        values = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+        if all(v >= 0 for v in values):
+            raw = _encode_small(values, bounds)
+            return {"format": PACKED_FORMAT, "tokens": len(bounds) - 1,
+                    "data": base64.b64encode(raw).decode("ascii")}
     ids = np.asarray(ids).reshape(-1)
     if offsets is None:
         counts = np.asarray(counts).astype(np.int64, copy=False).reshape(-1)
