@@ -254,6 +254,11 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "self.use_flashinfer"),
         _s(f"{GPU}.sample.states", "SamplingStates.__init__", "self.top_k",
            "self.vocab_size"),
+        # support logprobs: min-p's input is the temperature-scaled logits
+        _f(f"{GPU}.sample.states", "SamplingStates.apply_min_p", "self", "logits",
+           "expanded_idx_mapping", "idx_mapping_np"),
+        _s(f"{GPU}.sample.sampler", "Sampler.apply_sampling_params",
+           "self.sampling_states.apply_temperature(", "self.sampling_states.apply_min_p("),
     ),
     "runner": (
         _f(f"{GPU}.model_runner", "GPUModelRunner.load_model", "self",

@@ -161,6 +161,11 @@ class SamplingMaskState:
             self._scaled_top = scaled_top_logprob(scaled_logits, self._capture_rows)
             self._capture_rows = None
 
+    @property
+    def capture_pending(self) -> bool:
+        """`begin_capture` named rows that `capture_scaled` has not recorded yet."""
+        return self._capture_rows is not None
+
     def end_capture(self) -> None:
         self._capture_rows = None
 
