@@ -70,6 +70,9 @@ def test_against_a_server(mask_server, tmp_path):
     assert code == 0
     report = check_report(out, arms=2, max_tokens_total=8 * 2 * 8)
     assert report["source"] == mask_server
+    for arm in report["arms"]:   # the engine's log S: the truncation kept < all the mass
+        kept = arm["log_kept"]
+        assert kept["p1"] <= kept["mean"] < 0
 
 
 @pytest.mark.parametrize("argv, message", [

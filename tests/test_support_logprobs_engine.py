@@ -37,7 +37,11 @@ def reference(logits_row: torch.Tensor, temperature: float, support) -> tuple[np
     return (kept - log_kept).numpy(), float(log_kept - torch.logsumexp(x, 0))
 
 
-def check_exact(out, temperature: float, hf_model) -> int:
+def check_exact(out, temperature: float, hf_model, sampled_tol: float = 0.0) -> int:
+    """`sampled_tol`: 0 on the V1 runner, where the `logprobs` output is read from the
+    very tensor the values are gathered from; Model Runner V2 computes its
+    `logprobs` output with its own log-softmax kernel (another float32 summation
+    order), a few 1e-7 away."""
     c = out.outputs[0]
     mask = check_alignment(c, hf_model.config.vocab_size)
     assert mask.logprobs is not None and mask.log_kept is not None
@@ -50,7 +54,8 @@ def check_exact(out, temperature: float, hf_model) -> int:
         total = torch.logsumexp(torch.from_numpy(values).double(), 0).item()
         assert abs(total) <= 1e-5, (t, total)
         at = int(np.searchsorted(support, token))
-        assert abs(float(values[at]) - c.logprobs[t][token].logprob) <= 1e-6, t
+        assert abs(float(values[at]) - c.logprobs[t][token].logprob) <= sampled_tol, (
+            t, float(values[at]), c.logprobs[t][token].logprob)
         ref, ref_log_kept = reference(logits[t], temperature, support)
         assert np.abs(values - ref).max() <= 5e-5, (t, np.abs(values - ref).max())
         assert abs(float(mask.log_kept[t]) - ref_log_kept) <= 5e-5, (

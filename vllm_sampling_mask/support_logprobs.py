@@ -88,8 +88,8 @@ def gather_support_logprobs(processed_logprobs: torch.Tensor,
     `scaled_top_logprob`): the largest id of a scaled row is always kept
     (min-p, top-k and top-p keep the most probable id), and processed logits
     equal scaled ones on the support, so
-    log S = log p_max(scaled) - log p_max(processed) = scaled_top - max(processed
-    logprobs). `normalise`: `processed_logprobs` are processed *logits* (Model
+    log S = log p_max(scaled) - log p_max(processed), each computed as
+    -logsumexp(row - max row). `normalise`: `processed_logprobs` are processed *logits* (Model
     Runner V2); their asked rows are log-softmaxed here (float32)."""
     layout = mask.layout
     device = processed_logprobs.device
@@ -115,6 +115,12 @@ def gather_support_logprobs(processed_logprobs: torch.Tensor,
     pick = torch.from_numpy(block_rows).to(device)
     source = torch.from_numpy(_source_rows(mask, block_rows)).to(device)
     processed = processed_logprobs.index_select(0, source).float()    # [A, V]
+    if scaled_logits is None:
+        # log p_max of the processed row, computed as `scaled_top_logprob` computes
+        # the scaled one: an untruncated row (processed == scaled) gives log S = 0
+        # exactly, whether `processed` holds logits or logprobs
+        processed_top = -torch.logsumexp(processed - processed.amax(dim=1, keepdim=True),
+                                         dim=1)
     if normalise:
         processed = processed.log_softmax(dim=1)
     row_ids = ids.index_select(0, pick).long()                        # [A, W]
@@ -124,7 +130,7 @@ def gather_support_logprobs(processed_logprobs: torch.Tensor,
 
     # log S over the support (the finite processed entries: exactly the mask)
     if scaled_logits is None:
-        log_kept = scaled_top.index_select(0, source).float() - processed.amax(dim=1)
+        log_kept = scaled_top.index_select(0, source).float() - processed_top
         log_kept = torch.clamp(log_kept, max=0.0)
     else:
         scaled = scaled_logits.index_select(0, source).float()
