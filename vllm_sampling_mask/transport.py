@@ -228,6 +228,8 @@ class MaskCopy:
         self._buffer = None
         self._logprobs = None
         found = mask.support_logprobs
+        # referenced until `result`, like the block: the copies read them
+        self._device_logprobs = found
         if found is not None and len(found.rows):
             # float32 values, log S and wide-row tails: small ([A, W], [A], [S, V])
             self._logprobs = (found.rows, found.values.to("cpu", non_blocking=True),
@@ -261,4 +263,4 @@ class MaskCopy:
             if self._buffer is not None:
                 self._pool.give_back(self._buffer)
             self._device_block = self._buffer = self._host = self._event = None
-            self._logprobs = None
+            self._logprobs = self._device_logprobs = None
