@@ -35,7 +35,8 @@ def main() -> None:
 
     llm = LLM(model=DEMO_MODEL, dtype="float32", max_model_len=512, enforce_eager=True,
               seed=0, logprobs_mode="processed_logprobs", return_sampling_mask=True,
-              max_num_seqs=max(args.batches), skip_tokenizer_init=True)
+              max_num_seqs=max(args.batches), skip_tokenizer_init=True,
+              kv_cache_memory_bytes=1 << 30)
     results = {}
     for batch in args.batches:
         prompts = [{"prompt_token_ids": [(7 * i + j) % 4000 + 10 for j in range(16)]}

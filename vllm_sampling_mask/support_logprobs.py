@@ -68,8 +68,10 @@ def scaled_top_logprob(scaled_logits: torch.Tensor, rows: np.ndarray) -> torch.T
     out = torch.zeros(scaled_logits.shape[0], dtype=torch.float32,
                       device=scaled_logits.device)
     if len(rows):
-        index = torch.from_numpy(np.asarray(rows, np.int64)).to(scaled_logits.device)
-        picked = scaled_logits.index_select(0, index).float()
+        rows = np.asarray(rows, np.int64)
+        index = torch.from_numpy(rows).to(scaled_logits.device)
+        every_row = np.array_equal(rows, np.arange(scaled_logits.shape[0]))
+        picked = (scaled_logits if every_row else scaled_logits.index_select(0, index)).float()
         shifted = picked - picked.amax(dim=1, keepdim=True)
         out.index_copy_(0, index, -torch.logsumexp(shifted, dim=1))
     return out
@@ -114,7 +116,10 @@ def gather_support_logprobs(processed_logprobs: torch.Tensor,
     meta, ids, _ = layout.views(mask.block)
     pick = torch.from_numpy(block_rows).to(device)
     source = torch.from_numpy(_source_rows(mask, block_rows)).to(device)
-    processed = processed_logprobs.index_select(0, source).float()    # [A, V]
+    every_row = len(block_rows) == processed_logprobs.shape[0] and np.array_equal(
+        _source_rows(mask, block_rows), np.arange(len(block_rows)))
+    processed = (processed_logprobs if every_row             # no copy when all asked
+                 else processed_logprobs.index_select(0, source)).float()   # [A, V]
     if scaled_logits is None:
         # log p_max of the processed row, computed as `scaled_top_logprob` computes
         # the scaled one: an untruncated row (processed == scaled) gives log S = 0
@@ -141,14 +146,17 @@ def gather_support_logprobs(processed_logprobs: torch.Tensor,
                            torch.full_like(shifted, float("-inf")))
         log_kept = torch.logsumexp(kept, dim=1) - log_total
 
-    # wide rows: their processed rows by slot (slot -1 / -2 rows go to a dump row)
+    # wide rows: their processed rows by slot. Each slot has at most one owner:
+    # scatter the asked rows' positions by slot (slot -1 / -2 rows go to a dump
+    # entry), then copy only `slots` rows (a slot nobody asked for holds another
+    # row's values, never read: only asked wide rows are aligned)
     slots = layout.slots
     if slots:
         slot = meta.index_select(0, pick)[:, 1].long()
         target = torch.where(slot >= 0, slot, torch.full_like(slot, slots))
-        tail = torch.zeros(slots + 1, vocab, dtype=torch.float32, device=device)
-        tail.index_copy_(0, target, processed)
-        tail = tail[:slots]
+        owner = torch.zeros(slots + 1, dtype=torch.long, device=device)
+        owner.index_copy_(0, target, torch.arange(len(block_rows), device=device))
+        tail = processed.index_select(0, owner[:slots])
     else:
         tail = torch.empty(0, vocab, dtype=torch.float32, device=device)
     return DeviceSupportLogprobs(values, log_kept, tail, block_rows)
