@@ -72,6 +72,9 @@ def test_against_a_server(mask_server, tmp_path):
     report = check_report(out, arms=2, max_tokens_total=8 * 2 * 8)
     assert report["source"] == mask_server
     assert report["engine_dtype"] == "float32" and report["dtype_note"] is None
+    for arm in report["arms"]:   # the engine's log S: the truncation kept < all the mass
+        kept = arm["log_kept"]
+        assert kept["p1"] <= kept["mean"] < 0
 
 
 def test_a_server_not_in_float32_is_said_to_cause_the_spread(mask_server, tmp_path,

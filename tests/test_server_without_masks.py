@@ -49,6 +49,18 @@ def test_asking_for_a_mask_names_the_flag(server):
     assert r.status_code == 400 and "--return-sampling-mask" in r.text, r.text
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["full", "stream"])
+def test_asking_for_support_logprobs_names_the_flag(server, stream):
+    r = generate(server, {"return_sampling_mask_logprobs": True,
+                          "sampling_params": {"temperature": 1.0, "top_k": 5}}, stream)
+    assert r.status_code == 400, r.text
+    assert "return_sampling_mask_logprobs" in r.text and "--return-sampling-mask" in r.text
+    r = requests.post(server + "/v1/completions", json={
+        "model": DEMO_MODEL, "prompt": "hi", "max_tokens": 2,
+        "return_sampling_mask_logprobs": True}, timeout=300)
+    assert r.status_code == 400 and "--return-sampling-mask" in r.text, r.text
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_n_choices_come_back_streamed_or_not(server, n):
     """Upstream 0.27.1 answered n > 1 with fewer choices (non-streamed) or a 500

@@ -13,24 +13,43 @@ from vllm_sampling_mask.sampling_mask import SamplingMask
 
 
 class MaskAccumulator:
-    def __init__(self) -> None:
+    """`with_logprobs`: the request asked for support logprobs; each `append`
+    then carries them (float32 aligned with the ids, and log S per token)."""
+
+    def __init__(self, with_logprobs: bool = False) -> None:
         self._ids = np.empty(256, dtype=np.int32)
         self._offsets = np.zeros(64, dtype=np.int64)
         self._tokens = 0
+        self.with_logprobs = with_logprobs
+        self._logprobs = np.empty(256 if with_logprobs else 0, dtype=np.float32)
+        self._log_kept = np.empty(64 if with_logprobs else 0, dtype=np.float32)
 
     def __len__(self) -> int:
         return self._tokens
 
-    def append(self, ids: np.ndarray, counts: np.ndarray) -> None:
-        """Add the supports of `len(counts)` more tokens (ids concatenated)."""
+    def append(self, ids: np.ndarray, counts: np.ndarray, logprobs: np.ndarray | None = None,
+               log_kept: np.ndarray | None = None) -> None:
+        """Add the supports of `len(counts)` more tokens (ids concatenated), with
+        their support logprobs when the request asked for them."""
         n, k = len(counts), len(ids)
         start = self._offsets[self._tokens]
+        if self.with_logprobs and (logprobs is None or log_kept is None
+                                   or len(logprobs) != k or len(log_kept) != n):
+            raise ValueError(f"MaskAccumulator: {k} ids and {n} tokens need as many "
+                             "support logprobs and log S values")
         if start + k > len(self._ids):
             self._ids = np.resize(self._ids, max(2 * len(self._ids), start + k))
+            if self.with_logprobs:
+                self._logprobs = np.resize(self._logprobs, len(self._ids))
         if self._tokens + n + 1 > len(self._offsets):
             self._offsets = np.resize(self._offsets, max(2 * len(self._offsets),
                                                          self._tokens + n + 1))
+            if self.with_logprobs:
+                self._log_kept = np.resize(self._log_kept, len(self._offsets))
         self._ids[start:start + k] = ids
+        if self.with_logprobs:
+            self._logprobs[start:start + k] = logprobs
+            self._log_kept[self._tokens:self._tokens + n] = log_kept
         np.cumsum(counts, out=self._offsets[self._tokens + 1:self._tokens + n + 1])
         self._offsets[self._tokens + 1:self._tokens + n + 1] += start
         self._tokens += n
@@ -40,4 +59,8 @@ class MaskAccumulator:
         last = self._tokens if last is None else last
         offsets = self._offsets[first:last + 1]
         base = offsets[0]
-        return SamplingMask(self._ids[base:offsets[-1]], offsets - base)
+        if not self.with_logprobs:
+            return SamplingMask(self._ids[base:offsets[-1]], offsets - base)
+        return SamplingMask(self._ids[base:offsets[-1]], offsets - base,
+                            logprobs=self._logprobs[base:offsets[-1]],
+                            log_kept=self._log_kept[first:last])

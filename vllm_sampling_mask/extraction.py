@@ -149,6 +149,9 @@ class DeviceMask:
     layout: MaskLayout
     batch_rows: int            # rows of the sampler's batch
     rows: np.ndarray | None    # the batch rows extracted, ascending (None: all)
+    # `support_logprobs.DeviceSupportLogprobs` of the rows that asked for them
+    # (`return_sampling_mask_logprobs`), gathered in the same step; None: none asked
+    support_logprobs: object | None = None
 
     def row_of(self) -> np.ndarray:
         """For each batch row, its row in the block, or -1 (no mask wanted)."""

@@ -17,6 +17,13 @@ set on every byte but a value's last):
         ids[t][0]                           the first id itself
         ids[t][j] - ids[t][j-1] - 1         for j >= 1 (ids are distinct)
 
+With support logprobs (`return_sampling_mask_logprobs`), the object has two more
+keys, each base64 of little-endian IEEE-754 float32 values, back to back:
+
+    "logprobs"   one per id, in the order the ids are encoded (token by token,
+                 ascending within a token): each id's processed logprob
+    "log_kept"   one per token: log S
+
 An empty mask (T = 0) is `{"format": ..., "tokens": 0, "data": ""}`. Decoders
 must refuse another `format` string: a later layout gets a new tag.
 
@@ -31,7 +38,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["PACKED_FORMAT", "MASK_FORMATS", "encode_packed", "decode_packed",
+__all__ = ["encode_floats", "decode_floats", "PACKED_FORMAT", "MASK_FORMATS", "encode_packed", "decode_packed",
            "encode_varints", "decode_varints", "is_packed"]
 
 PACKED_FORMAT = "packed-varint-v1"
@@ -169,6 +176,20 @@ def encode_packed(ids: np.ndarray, counts: np.ndarray | None = None, *,
         raw = encode_varints(values)
     return {"format": PACKED_FORMAT, "tokens": tokens,
             "data": base64.b64encode(raw).decode("ascii")}
+
+
+def encode_floats(values) -> str:
+    """base64 of `values` as little-endian float32."""
+    return base64.b64encode(np.asarray(values, dtype="<f4").tobytes()).decode("ascii")
+
+
+def decode_floats(data: str, expected: int, what: str) -> np.ndarray:
+    """The float32 values of `encode_floats`; ValueError unless there are `expected`."""
+    raw = base64.b64decode(data, validate=True)
+    if len(raw) != 4 * expected:
+        raise ValueError(f"packed sampling mask: {what} holds {len(raw)} bytes, "
+                         f"{4 * expected} expected ({expected} float32)")
+    return np.frombuffer(raw, dtype="<f4").astype(np.float32)
 
 
 def is_packed(value) -> bool:

@@ -13,7 +13,10 @@ trainer's side with `transformers` in float32 and reports, per arm:
   `training.nucleus_logprobs` does) and without it (full vocabulary,
   `training.full_logprobs`): the mismatch KL (k3 estimator), the importance
   ratio pi_trainer / pi_engine's mean, p1 and p99, and the share of tokens
-  outside [0.9, 1.1].
+  outside [0.9, 1.1];
+- log S, the log of the probability mass the truncation kept, as the engine
+  reports it (`return_sampling_mask_logprobs`): mean and p1 over the arm's
+  tokens. Without the mask the trainer's log-ratio is biased by about log S.
 
 With the mask the ratio should sit at 1 up to numerics; without it, it is
 biased below 1 by the probability mass the sampler cut away. Writes
@@ -158,7 +161,8 @@ def rollout_in_process(model: str, arms, prompt_ids, samples: int, max_tokens: i
     for a, arm in enumerate(arms):
         params = [SamplingParams(n=samples, max_tokens=max_tokens, logprobs=0,
                                  seed=seed + 1000 * a + i, **arm.sampling(),
-                                 extra_args={"return_sampling_mask": True})
+                                 extra_args={"return_sampling_mask": True,
+                                             "return_sampling_mask_logprobs": True})
                   for i in range(len(prompt_ids))]
         print(f"arm {a + 1}/{len(arms)}: {arm.label}", file=sys.stderr, flush=True)
         outs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params,
@@ -232,6 +236,7 @@ def rollout_server(server: str, model: str, arms, prompt_ids, samples: int,
 
     def one(a, arm, i, ids):
         body = {"model": model, "token_ids": ids, "return_sampling_mask": True,
+                "return_sampling_mask_logprobs": True,
                 "sampling_params": {**arm.sampling(), "n": samples, "logprobs": 0,
                                     "max_tokens": max_tokens, "seed": seed + 1000 * a + i}}
         rollouts = []
@@ -282,6 +287,21 @@ def trainer_logprobs(hf_model, rollouts: list[Rollout], temperature: float, desc
     return torch.cat(masked), torch.cat(unmasked)
 
 
+def log_kept_report(rollouts: list[Rollout]) -> dict | None:
+    """log S per token as the engine reported it (`SamplingMask.log_kept`: the log of
+    the probability mass the truncation kept): mean and p1 over the arm's tokens;
+    None when the engine sent none."""
+    import numpy as np
+
+    kept = [r.mask.log_kept for r in rollouts if r.mask.log_kept is not None]
+    if not kept:
+        return None
+    values = np.concatenate(kept).astype(np.float64)
+    if len(values) == 0:
+        return None
+    return {"mean": float(values.mean()), "p1": float(np.percentile(values, 1))}
+
+
 def arm_report(arm: Arm, rollouts: list[Rollout], masked, unmasked) -> dict:
     import torch
 
@@ -297,6 +317,7 @@ def arm_report(arm: Arm, rollouts: list[Rollout], masked, unmasked) -> dict:
     without.pop("tokens")
     return {"arm": arm.sampling(), "label": arm.label, "tokens": tokens,
             "sequences": len(rollouts), "support": support,
+            "log_kept": log_kept_report(rollouts),
             "masked": with_mask, "unmasked": without,
             "_log_ratio": {"masked": (masked.double() - old).tolist(),
                            "unmasked": (unmasked.double() - old).tolist()},
@@ -347,8 +368,10 @@ def plot(reports: list[dict], path: str, title: str) -> None:
 def table(reports: list[dict]) -> str:
     head = (f"{'arm':<30} {'tokens':>6} {'supp med':>8} {'p99':>6} {'single':>7} | "
             f"{'KL k3':>9} {'ratio':>7} {'p1':>6} {'p99':>6} {'out':>6} | "
-            f"{'KL k3':>9} {'ratio':>7} {'p1':>6} {'p99':>6} {'out':>6}")
-    lines = [f"{'':<62}| {'with the mask':^40} | {'without the mask':^40}", head,
+            f"{'KL k3':>9} {'ratio':>7} {'p1':>6} {'p99':>6} {'out':>6} | "
+            f"{'log S':>7} {'p1':>7}")
+    lines = [f"{'':<62}| {'with the mask':^40} | {'without the mask':^40} | "
+             f"{'kept mass':^15}", head,
              "-" * len(head)]
     for rep in reports:
         s = rep["support"]
@@ -358,6 +381,9 @@ def table(reports: list[dict]) -> str:
             m = rep[side]
             row += (f" {m['mismatch_kl']:>9.2e} {m['ratio_mean']:>7.4f} {m['ratio_p1']:>6.3f}"
                     f" {m['ratio_p99']:>6.3f} {m['out_of_band']:>6.1%} |")
+        kept = rep.get("log_kept")
+        row += (f" {kept['mean']:>7.4f} {kept['p1']:>7.4f}" if kept
+                else f" {'-':>7} {'-':>7}")
         lines.append(row.rstrip(" |"))
     return "\n".join(lines)
 

@@ -7,6 +7,13 @@ Packed form (what travels and what the trainer op reads):
     ids      1-D int32,  every support concatenated in generation order
     offsets  1-D int64,  length T + 1, offsets[0] == 0, offsets[-1] == len(ids)
 Support t is ids[offsets[t]:offsets[t + 1]], ascending.
+
+Support logprobs (only for requests that said `return_sampling_mask_logprobs`;
+None otherwise):
+    logprobs  1-D float32, aligned with `ids`: each support id's processed
+              logprob (the distribution sampled from; per token they sum to 1)
+    log_kept  1-D float32, length T: log S, the log of the probability mass the
+              support kept under the temperature-scaled distribution
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from vllm_sampling_mask.packed_wire import decode_packed, encode_packed, is_packed
+from vllm_sampling_mask.packed_wire import (decode_floats, decode_packed, encode_floats,
+                                            encode_packed, is_packed)
 
 __all__ = ["SamplingMask"]
 
@@ -23,9 +31,9 @@ __all__ = ["SamplingMask"]
 class SamplingMask:
     """The sampling support of each generated token of one completion."""
 
-    __slots__ = ("ids", "offsets")
+    __slots__ = ("ids", "offsets", "logprobs", "log_kept")
 
-    def __init__(self, ids, offsets) -> None:
+    def __init__(self, ids, offsets, logprobs=None, log_kept=None) -> None:
         ids = np.ascontiguousarray(ids, dtype=np.int32)
         offsets = np.ascontiguousarray(offsets, dtype=np.int64)
         if ids.ndim != 1 or offsets.ndim != 1:
@@ -36,13 +44,26 @@ class SamplingMask:
                 f"(got len(offsets)={len(offsets)}, len(ids)={len(ids)})")
         if np.any(np.diff(offsets) < 0):
             raise ValueError("SamplingMask: offsets must be non-decreasing")
+        if (logprobs is None) != (log_kept is None):
+            raise ValueError("SamplingMask: logprobs and log_kept come together")
+        if logprobs is not None:
+            logprobs = np.ascontiguousarray(logprobs, dtype=np.float32).reshape(-1)
+            log_kept = np.ascontiguousarray(log_kept, dtype=np.float32).reshape(-1)
+            if len(logprobs) != len(ids) or len(log_kept) != len(offsets) - 1:
+                raise ValueError(
+                    f"SamplingMask: {len(logprobs)} logprobs for {len(ids)} ids and "
+                    f"{len(log_kept)} log_kept values for {len(offsets) - 1} tokens")
         self.ids = ids
         self.offsets = offsets
+        self.logprobs = logprobs
+        self.log_kept = log_kept
 
     # -- constructors -------------------------------------------------------
     @classmethod
-    def from_lists(cls, token_ids: Iterable[Sequence[int]]) -> SamplingMask:
-        """Build from one list of ids per generated token."""
+    def from_lists(cls, token_ids: Iterable[Sequence[int]], logprobs=None,
+                   log_kept=None) -> SamplingMask:
+        """Build from one list of ids per generated token (and, optionally, one
+        list of support logprobs per token and log S per token)."""
         rows = [np.asarray(r, dtype=np.int32).reshape(-1) for r in token_ids]
         offsets = np.zeros(len(rows) + 1, dtype=np.int64)
         if rows:
@@ -50,23 +71,34 @@ class SamplingMask:
             ids = np.concatenate(rows)
         else:
             ids = np.zeros(0, dtype=np.int32)
-        return cls(ids, offsets)
+        flat = None
+        if logprobs is not None:
+            values = [np.asarray(r, dtype=np.float32).reshape(-1) for r in logprobs]
+            if [len(v) for v in values] != [len(r) for r in rows]:
+                raise ValueError("SamplingMask.from_lists: the support logprobs differ "
+                                 "in shape from the supports")
+            flat = np.concatenate(values) if values else np.zeros(0, np.float32)
+        return cls(ids, offsets, flat, log_kept)
 
     @classmethod
-    def from_counts(cls, ids, counts) -> SamplingMask:
+    def from_counts(cls, ids, counts, logprobs=None, log_kept=None) -> SamplingMask:
         """Build from packed ids and the size of each support."""
         counts = np.asarray(counts, dtype=np.int64)
         offsets = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
-        return cls(ids, offsets)
+        return cls(ids, offsets, logprobs, log_kept)
 
     @classmethod
     def concat(cls, masks: Sequence[SamplingMask]) -> SamplingMask:
-        """Join masks of consecutive token spans into one."""
+        """Join masks of consecutive token spans into one (support logprobs kept
+        when every part has them)."""
         if not masks:
             return cls.from_lists([])
         ids = np.concatenate([m.ids for m in masks])
         counts = np.concatenate([np.diff(m.offsets) for m in masks])
+        if all(m.logprobs is not None for m in masks):
+            return cls.from_counts(ids, counts, np.concatenate([m.logprobs for m in masks]),
+                                   np.concatenate([m.log_kept for m in masks]))
         return cls.from_counts(ids, counts)
 
     @classmethod
@@ -83,6 +115,10 @@ class SamplingMask:
         to the same mask. `index` picks the choice where there are several (n > 1, several
         prompts); without it there must be only one. A streamed choice's mask is
         its chunks' masks joined in order, so it equals the non-streamed one.
+
+        A choice that carries support logprobs (`sampling_mask_logprobs` and
+        `sampling_mask_log_kept` beside a lists mask, or `logprobs` / `log_kept`
+        inside the packed object) gives a mask with `logprobs` and `log_kept`.
 
         Raises ValueError when the choice has no mask (`sampling_mask: null`:
         the request was served without one; no field: a server without this
@@ -123,9 +159,17 @@ class SamplingMask:
                     "said return_sampling_mask false, or null with an untruncated "
                     "distribution, or the server runs without --return-sampling-mask)")
             if is_packed(lists):
-                piece = cls.from_counts(*decode_packed(_plain(lists)))
+                packed = _plain(lists)
+                ids, counts = decode_packed(packed)
+                logprobs = log_kept = None
+                if "logprobs" in packed:
+                    logprobs = decode_floats(packed["logprobs"], len(ids), "logprobs")
+                    log_kept = decode_floats(packed["log_kept"], len(counts), "log_kept")
+                piece = cls.from_counts(ids, counts, logprobs, log_kept)
             else:
-                piece = cls.from_lists(lists)
+                values = choice.get("sampling_mask_logprobs")
+                piece = cls.from_lists(lists, values, None if values is None
+                                       else choice.get("sampling_mask_log_kept"))
             token_ids = choice.get("token_ids")
             if token_ids is not None and len(token_ids) != len(piece):
                 raise ValueError(
@@ -135,8 +179,31 @@ class SamplingMask:
         return cls.concat(pieces)
 
     def to_packed(self) -> dict:
-        """The packed wire object of this mask (`packed_wire.encode_packed`)."""
-        return encode_packed(self.ids, offsets=self.offsets)
+        """The packed wire object of this mask (`packed_wire.encode_packed`), with
+        its support logprobs as base64 float32 (`packed_wire.encode_floats`)."""
+        packed = encode_packed(self.ids, offsets=self.offsets)
+        if self.logprobs is not None:
+            packed["logprobs"] = encode_floats(self.logprobs)
+            packed["log_kept"] = encode_floats(self.log_kept)
+        return packed
+
+    def logprob_lists(self) -> list[list[float]] | None:
+        """One list of support logprobs per token (aligned with `token_ids`), or None."""
+        if self.logprobs is None:
+            return None
+        flat = self.logprobs.tolist()
+        bounds = self.offsets.tolist()
+        return [flat[bounds[t]:bounds[t + 1]] for t in range(len(bounds) - 1)]
+
+    def logprobs_of(self, t: int) -> np.ndarray:
+        """Token t's support logprobs, float32, aligned with `self[t]`."""
+        if self.logprobs is None:
+            raise ValueError("SamplingMask: this mask carries no support logprobs "
+                             "(ask with return_sampling_mask_logprobs=true)")
+        n = len(self)
+        if t < 0:
+            t += n
+        return self.logprobs[self.offsets[t]:self.offsets[t + 1]]
 
     # -- views ---------------------------------------------------------------
     @property
@@ -168,13 +235,17 @@ class SamplingMask:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SamplingMask):
             return NotImplemented
+        same_logprobs = (self.logprobs is None) == (other.logprobs is None) and (
+            self.logprobs is None
+            or (np.array_equal(self.logprobs, other.logprobs, equal_nan=True)
+                and np.array_equal(self.log_kept, other.log_kept, equal_nan=True)))
         return (np.array_equal(self.offsets, other.offsets)
-                and np.array_equal(self.ids, other.ids))
+                and np.array_equal(self.ids, other.ids) and same_logprobs)
 
     __hash__ = None  # mutable arrays inside
 
     def __reduce__(self):
-        return (SamplingMask, (self.ids, self.offsets))
+        return (SamplingMask, (self.ids, self.offsets, self.logprobs, self.log_kept))
 
     def __repr__(self) -> str:
         sizes = self.sizes

@@ -266,6 +266,11 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "self.use_flashinfer"),
         _s(f"{GPU}.sample.states", "SamplingStates.__init__", "self.top_k",
            "self.vocab_size"),
+        # support logprobs: min-p's input is the temperature-scaled logits
+        _f(f"{GPU}.sample.states", "SamplingStates.apply_min_p", "self", "logits",
+           "expanded_idx_mapping", "idx_mapping_np"),
+        _s(f"{GPU}.sample.sampler", "Sampler.apply_sampling_params",
+           "self.sampling_states.apply_temperature(", "self.sampling_states.apply_min_p("),
     ),
     "runner": (
         _f(f"{GPU}.model_runner", "GPUModelRunner.load_model", "self",
@@ -301,6 +306,13 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "sampling_metadata", "predict_bonus_token", "logprobs_mode_override"),
         _s(TKTP, "TopKTopPSampler.forward_native",
            'self.logprobs_mode == "processed_logprobs"'),
+        # support logprobs: the temperature-scaled logits exist only as this static
+        # method's result, before the argmax-invariant processors (min-p) and
+        # top-k/top-p edit them in place
+        _f("vllm.v1.sample.sampler", "Sampler.apply_temperature", "logits", "temp",
+           "all_random"),
+        _s("vllm.v1.sample.sampler", "Sampler.sample", "logits = self.apply_temperature(",
+           "sampling_metadata.logitsprocs.argmax_invariant"),
     ),
     "runner_v1": (
         _f(V1, "GPUModelRunner.__init__", "self", "vllm_config", "device"),

@@ -14,6 +14,12 @@ It owns:
   runner), does that request want a mask; set when the request is added,
   cleared when it is removed, moved with the V1 batch's condense and swaps, so
   a step reads it with one numpy index and no loop over rows;
+- `asked`: beside `wants`, per slot or row, does that request want its support
+  logprobs (`return_sampling_mask_logprobs`); kept the same way. For the rows
+  that asked, `extract` also gathers them (`support_logprobs`) onto the
+  `DeviceMask`; the samplers hand it the scaled distribution's largest logprob
+  (`begin_capture` / `capture_scaled`, at the seam where the temperature-scaled
+  logits exist); rows that did not ask cost nothing;
 - the memory-profiling run's worst case (`profiling()`), which also compiles,
   on a CUDA device, every extraction kernel variant a step can launch
   (`extraction.warm_up`, for the logits' dtype and row stride), so no batch
@@ -45,8 +51,9 @@ from vllm_sampling_mask.extraction import (
     ExtractionSettings,
     extract_selected,
 )
+from vllm_sampling_mask.support_logprobs import gather_support_logprobs, scaled_top_logprob
 from vllm_sampling_mask.transport import MaskCopy, PinnedPool
-from vllm_sampling_mask.validation import wants_mask
+from vllm_sampling_mask.validation import wants_mask, wants_support_logprobs
 
 
 T = TypeVar("T")
@@ -80,6 +87,9 @@ class SamplingMaskState:
         self.max_size = max_size
         self.settings = settings
         self.wants = np.zeros(max_num_reqs, dtype=bool)
+        self.asked = np.zeros(max_num_reqs, dtype=bool)
+        self._capture_rows: np.ndarray | None = None
+        self._scaled_top = None
         self.pool = PinnedPool()
         self._worst_case = False
         self.mask: HandOff[DeviceMask] = HandOff("the sampler returned without extracting one")
@@ -92,9 +102,12 @@ class SamplingMaskState:
     def add_request(self, slot: int, sampling_params) -> None:
         """Record the input processor's decision (`validation.wants_mask`)."""
         self.wants[slot] = sampling_params is not None and wants_mask(sampling_params)
+        self.asked[slot] = (sampling_params is not None
+                            and wants_support_logprobs(sampling_params))
 
     def remove_request(self, slot: int) -> None:
         self.wants[slot] = False
+        self.asked[slot] = False
 
     def apply_batch_update(self, added: Iterable, removed: Iterable[int],
                            moved: Iterable[tuple[int, int, bool]]) -> None:
@@ -107,10 +120,11 @@ class SamplingMaskState:
         for slot in removed:
             self.remove_request(slot)
         for a, b, swap in moved:
-            if swap:
-                self.wants[[a, b]] = self.wants[[b, a]]
-            else:
-                self.wants[b] = self.wants[a]
+            for flags in (self.wants, self.asked):
+                if swap:
+                    flags[[a, b]] = flags[[b, a]]
+                else:
+                    flags[b] = flags[a]
 
     # -- the memory-profiling run -----------------------------------------
 
@@ -130,11 +144,52 @@ class SamplingMaskState:
 
     # -- one step ---------------------------------------------------------
 
-    def extract(self, processed_logits, top_k: np.ndarray, wanted: np.ndarray) -> DeviceMask:
-        """The support of the rows that want a mask (`wanted`, host bool per row)."""
+    def begin_capture(self, asked: np.ndarray) -> bool:
+        """Before the sampler runs: the batch rows (`asked`, host bool per row)
+        whose scaled distribution `capture_scaled` must record. False (nothing
+        to record) when no row asked."""
+        self._scaled_top = None
+        rows = np.flatnonzero(asked)
+        self._capture_rows = rows if len(rows) else None
+        return self._capture_rows is not None
+
+    def capture_scaled(self, scaled_logits) -> None:
+        """Where the sampler holds the temperature-scaled logits (before min-p,
+        top-k, top-p): record, for the rows `begin_capture` named, the log of
+        their largest probability (`support_logprobs.scaled_top_logprob`)."""
+        if self._capture_rows is not None:
+            self._scaled_top = scaled_top_logprob(scaled_logits, self._capture_rows)
+            self._capture_rows = None
+
+    @property
+    def capture_pending(self) -> bool:
+        """`begin_capture` named rows that `capture_scaled` has not recorded yet."""
+        return self._capture_rows is not None
+
+    def end_capture(self) -> None:
+        self._capture_rows = None
+
+    def extract(self, processed_logits, top_k: np.ndarray, wanted: np.ndarray,
+                asked: np.ndarray | None = None, *, normalise: bool = False) -> DeviceMask:
+        """The support of the rows that want a mask (`wanted`, host bool per row),
+        with, for the rows in `asked`, their support logprobs (from the scaled
+        distribution `capture_scaled` recorded; `normalise`: `processed_logits`
+        are logits, not logprobs)."""
         self.extractions += 1
         mask = extract_selected(processed_logits, top_k, wanted, max_size=self.max_size,
                                 worst_case=self._worst_case, settings=self.settings)
+        if asked is not None and mask.layout.rows and np.any(asked):
+            scaled_top, self._scaled_top = self._scaled_top, None
+            if scaled_top is None:
+                raise MissingSamplingMaskError(
+                    "SamplingMaskState.extract", "rows asked for support logprobs but "
+                    "the sampler recorded no temperature-scaled logits")
+            block_asked = np.asarray(asked, bool)
+            if mask.rows is not None:
+                block_asked = block_asked[mask.rows]
+            mask.support_logprobs = gather_support_logprobs(
+                processed_logits, None, mask, block_asked, scaled_top=scaled_top,
+                normalise=normalise)
         if self._worst_case and processed_logits.is_cuda:
             extraction.warm_up(processed_logits.device, processed_logits.shape[1],
                                (processed_logits.dtype,), max_size=self.max_size,

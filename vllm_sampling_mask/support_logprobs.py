@@ -40,7 +40,8 @@ import torch
 
 from vllm_sampling_mask.extraction import DeviceMask
 
-__all__ = ["DeviceSupportLogprobs", "gather_support_logprobs", "align_row"]
+__all__ = ["DeviceSupportLogprobs", "gather_support_logprobs", "align_row",
+           "scaled_top_logprob"]
 
 
 @dataclass
@@ -58,18 +59,49 @@ def _source_rows(mask: DeviceMask, block_rows: np.ndarray) -> np.ndarray:
     return np.asarray(mask.rows, np.int64)[block_rows]
 
 
-def gather_support_logprobs(processed_logprobs: torch.Tensor, scaled_logits: torch.Tensor,
-                            mask: DeviceMask, asked: np.ndarray) -> DeviceSupportLogprobs:
+def scaled_top_logprob(scaled_logits: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
+    """For the sampler's batch rows `rows` (host ints), the log of the largest
+    probability of the temperature-scaled distribution, `-logsumexp(x - max x)`,
+    float32 in a [B] tensor (0 in the other rows). What the samplers capture where
+    the scaled logits exist (before min-p/top-k/top-p edit them in place): with
+    it, log S needs no copy of the scaled logits (see `gather_support_logprobs`)."""
+    out = torch.zeros(scaled_logits.shape[0], dtype=torch.float32,
+                      device=scaled_logits.device)
+    if len(rows):
+        rows = np.asarray(rows, np.int64)
+        index = torch.from_numpy(rows).to(scaled_logits.device)
+        every_row = np.array_equal(rows, np.arange(scaled_logits.shape[0]))
+        picked = (scaled_logits if every_row else scaled_logits.index_select(0, index)).float()
+        shifted = picked - picked.amax(dim=1, keepdim=True)
+        out.index_copy_(0, index, -torch.logsumexp(shifted, dim=1))
+    return out
+
+
+def gather_support_logprobs(processed_logprobs: torch.Tensor,
+                            scaled_logits: torch.Tensor | None,
+                            mask: DeviceMask, asked: np.ndarray, *,
+                            scaled_top: torch.Tensor | None = None,
+                            normalise: bool = False) -> DeviceSupportLogprobs:
     """Gather, for the block rows with `asked` true, the processed logprob of each
     support id and log S (see the module docstring). No host synchronisation:
-    everything sized here is a host int of the layout or of `asked`."""
+    everything sized here is a host int of the layout or of `asked`.
+
+    Instead of `scaled_logits` a sampler may pass `scaled_top` ([B], from
+    `scaled_top_logprob`): the largest id of a scaled row is always kept
+    (min-p, top-k and top-p keep the most probable id), and processed logits
+    equal scaled ones on the support, so
+    log S = log p_max(scaled) - log p_max(processed), each computed as
+    -logsumexp(row - max row). `normalise`: `processed_logprobs` are processed *logits* (Model
+    Runner V2); their asked rows are log-softmaxed here (float32)."""
     layout = mask.layout
     device = processed_logprobs.device
     asked = np.asarray(asked, bool)
     if len(asked) != layout.rows:
         raise ValueError(f"gather_support_logprobs: {len(asked)} asked flags for "
                          f"{layout.rows} block rows")
-    if processed_logprobs.shape != scaled_logits.shape:
+    if scaled_logits is None and scaled_top is None:
+        raise ValueError("gather_support_logprobs: pass scaled_logits or scaled_top")
+    if scaled_logits is not None and processed_logprobs.shape != scaled_logits.shape:
         raise ValueError("gather_support_logprobs: processed_logprobs and scaled_logits "
                          f"differ in shape ({tuple(processed_logprobs.shape)} vs "
                          f"{tuple(scaled_logits.shape)})")
@@ -84,29 +116,47 @@ def gather_support_logprobs(processed_logprobs: torch.Tensor, scaled_logits: tor
     meta, ids, _ = layout.views(mask.block)
     pick = torch.from_numpy(block_rows).to(device)
     source = torch.from_numpy(_source_rows(mask, block_rows)).to(device)
-    processed = processed_logprobs.index_select(0, source).float()    # [A, V]
+    every_row = len(block_rows) == processed_logprobs.shape[0] and np.array_equal(
+        _source_rows(mask, block_rows), np.arange(len(block_rows)))
+    processed = (processed_logprobs if every_row             # no copy when all asked
+                 else processed_logprobs.index_select(0, source)).float()   # [A, V]
+    if scaled_logits is None:
+        # log p_max of the processed row, computed as `scaled_top_logprob` computes
+        # the scaled one: an untruncated row (processed == scaled) gives log S = 0
+        # exactly, whether `processed` holds logits or logprobs
+        processed_top = -torch.logsumexp(processed - processed.amax(dim=1, keepdim=True),
+                                         dim=1)
+    if normalise:
+        processed = processed.log_softmax(dim=1)
     row_ids = ids.index_select(0, pick).long()                        # [A, W]
     valid = row_ids >= 0
     values = processed.gather(1, row_ids.clamp(min=0))
     values = torch.where(valid, values, torch.full_like(values, float("nan")))
 
     # log S over the support (the finite processed entries: exactly the mask)
-    scaled = scaled_logits.index_select(0, source).float()
-    top = scaled.amax(dim=1, keepdim=True)
-    shifted = scaled - top
-    log_total = torch.logsumexp(shifted, dim=1)
-    kept = torch.where(torch.isfinite(processed), shifted,
-                       torch.full_like(shifted, float("-inf")))
-    log_kept = torch.logsumexp(kept, dim=1) - log_total
+    if scaled_logits is None:
+        log_kept = scaled_top.index_select(0, source).float() - processed_top
+        log_kept = torch.clamp(log_kept, max=0.0)
+    else:
+        scaled = scaled_logits.index_select(0, source).float()
+        top = scaled.amax(dim=1, keepdim=True)
+        shifted = scaled - top
+        log_total = torch.logsumexp(shifted, dim=1)
+        kept = torch.where(torch.isfinite(processed), shifted,
+                           torch.full_like(shifted, float("-inf")))
+        log_kept = torch.logsumexp(kept, dim=1) - log_total
 
-    # wide rows: their processed rows by slot (slot -1 / -2 rows go to a dump row)
+    # wide rows: their processed rows by slot. Each slot has at most one owner:
+    # scatter the asked rows' positions by slot (slot -1 / -2 rows go to a dump
+    # entry), then copy only `slots` rows (a slot nobody asked for holds another
+    # row's values, never read: only asked wide rows are aligned)
     slots = layout.slots
     if slots:
         slot = meta.index_select(0, pick)[:, 1].long()
         target = torch.where(slot >= 0, slot, torch.full_like(slot, slots))
-        tail = torch.zeros(slots + 1, vocab, dtype=torch.float32, device=device)
-        tail.index_copy_(0, target, processed)
-        tail = tail[:slots]
+        owner = torch.zeros(slots + 1, dtype=torch.long, device=device)
+        owner.index_copy_(0, target, torch.arange(len(block_rows), device=device))
+        tail = processed.index_select(0, owner[:slots])
     else:
         tail = torch.empty(0, vocab, dtype=torch.float32, device=device)
     return DeviceSupportLogprobs(values, log_kept, tail, block_rows)

@@ -80,6 +80,21 @@ class StepMasks:
     wide: frozenset[int]          # rows wider than W, read exactly from their bits
     lost: frozenset[int]          # rows wider than W that found no wide-row slot
     max_size: int                 # --max-sampling-mask-size
+    # Support logprobs (`return_sampling_mask_logprobs`), None when no row of the
+    # step asked: float32 aligned with `ids` (each stored id's processed logprob)
+    # and float32 [R] log S; NaN in the rows that did not ask.
+    logprobs: np.ndarray | None = None
+    log_kept: np.ndarray | None = None
+
+    def asked(self, i: int) -> bool:
+        """Whether batch row i carries support logprobs."""
+        r = int(self.row_of[i])
+        return (r >= 0 and self.log_kept is not None
+                and not np.isnan(self.log_kept[r]))
+
+    def row_logprobs(self, i: int) -> np.ndarray:
+        r = int(self.row_of[i])
+        return self.logprobs[self.offsets[r]: self.offsets[r + 1]]
 
     def wants(self, i: int) -> bool:
         return bool(self.row_of[i] >= 0)
@@ -123,7 +138,7 @@ def unpack_wide_row(head: np.ndarray, words: np.ndarray, start_word: int) -> np.
 
 
 def decode(block: np.ndarray, layout: MaskLayout, row_of: np.ndarray,
-           num_sampled=None) -> StepMasks:
+           num_sampled=None, support_logprobs=None) -> StepMasks:
     """The host form of a block (copied out of `block`, which may be reused).
 
     `row_of` maps batch rows to block rows (-1: no mask wanted). Rows whose
@@ -160,10 +175,37 @@ def decode(block: np.ndarray, layout: MaskLayout, row_of: np.ndarray,
         flat[offsets[rr] + cc] = ids[rr, cc]
         for r, support in wide.items():
             flat[offsets[r]: offsets[r + 1]] = support
+    logprobs = log_kept = None
+    if support_logprobs is not None and len(support_logprobs.rows):
+        logprobs, log_kept = _align_logprobs(support_logprobs, layout, meta, counts,
+                                             stored, offsets, wide)
     return StepMasks(row_of=row_of, counts=counts, ids=np.ascontiguousarray(flat, np.int32),
                      offsets=offsets, width=layout.width, wide=frozenset(wide),
                      lost=frozenset(lost),
-                     max_size=layout.max_size)
+                     max_size=layout.max_size, logprobs=logprobs, log_kept=log_kept)
+
+
+def _align_logprobs(host, layout: MaskLayout, meta, counts, stored, offsets, wide):
+    """(flat float32 aligned with the stored ids, float32 [R] log S), NaN in the
+    rows that did not ask. Vectorised over rows; wide rows one by one."""
+    from vllm_sampling_mask.support_logprobs import align_row
+
+    rows = np.asarray(host.rows, np.int64)
+    values = np.full((layout.rows, layout.width), np.nan, np.float32)
+    values[rows] = host.values
+    log_kept = np.full(layout.rows, np.nan, np.float32)
+    log_kept[rows] = host.log_kept
+    keep = np.arange(layout.width)[None, :] < np.minimum(stored, layout.width)[:, None]
+    keep[list(wide)] = False
+    flat = np.full(int(offsets[-1]), np.nan, np.float32)
+    rr, cc = np.nonzero(keep)
+    flat[offsets[rr] + cc] = values[rr, cc]
+    asked = set(rows.tolist())
+    for r, support in wide.items():
+        if r in asked:
+            flat[offsets[r]: offsets[r + 1]] = align_row(
+                values[r], host.tail, len(support), int(meta[r, 1]), support)
+    return flat, log_kept
 
 
 class MaskCopy:
@@ -184,6 +226,15 @@ class MaskCopy:
         self._device_block = mask.block
         self._pool = pool
         self._buffer = None
+        self._logprobs = None
+        found = mask.support_logprobs
+        # referenced until `result`, like the block: the copies read them
+        self._device_logprobs = found
+        if found is not None and len(found.rows):
+            # float32 values, log S and wide-row tails: small ([A, W], [A], [S, V])
+            self._logprobs = (found.rows, found.values.to("cpu", non_blocking=True),
+                              found.log_kept.to("cpu", non_blocking=True),
+                              found.tail.to("cpu", non_blocking=True))
         if mask.block.device.type == "cpu":
             self._host = mask.block
         elif pool is not None:
@@ -200,9 +251,16 @@ class MaskCopy:
         """Decode the copy: host work only, after the copy has completed."""
         if self._event is not None:
             self._event.synchronize()
+        host = None
+        if self._logprobs is not None:
+            from vllm_sampling_mask.support_logprobs import DeviceSupportLogprobs
+
+            rows, values, log_kept, tail = self._logprobs
+            host = DeviceSupportLogprobs(values.numpy(), log_kept.numpy(), tail.numpy(), rows)
         try:
-            return decode(self._host.numpy(), self.layout, self.row_of, num_sampled)
+            return decode(self._host.numpy(), self.layout, self.row_of, num_sampled, host)
         finally:
             if self._buffer is not None:
                 self._pool.give_back(self._buffer)
             self._device_block = self._buffer = self._host = self._event = None
+            self._logprobs = self._device_logprobs = None

@@ -14,11 +14,47 @@ DEFAULT_MAX_SIZE = 4096
 # The key in `SamplingParams.extra_args` that says, once the input processor has
 # decided, whether a request's outputs carry a mask.
 MASK_ARG = "return_sampling_mask"
+# The key in `extra_args` for the support logprobs (per token, the processed logprob
+# of every id of the support, and log S): the request's ask, then the decision.
+LOGPROBS_ARG = "return_sampling_mask_logprobs"
 
 
 def wants_mask(sampling_params) -> bool:
     """The decision the input processor wrote on the request's parameters."""
     return (sampling_params.extra_args or {}).get(MASK_ARG) is True
+
+
+def wants_support_logprobs(sampling_params) -> bool:
+    """The input processor's decision: this request's masks carry support logprobs."""
+    extra = sampling_params.extra_args or {}
+    return extra.get(MASK_ARG) is True and extra.get(LOGPROBS_ARG) is True
+
+
+def resolve_logprobs_request(*, engine_on: bool, requested, requested_mask
+                             ) -> tuple[object, tuple[str, str] | None]:
+    """(mask request, problem) for `return_sampling_mask_logprobs`.
+
+    `requested` is the request's `return_sampling_mask_logprobs` (True, False or
+    None); asking for it implies the mask, so the returned mask request is True
+    where `requested_mask` was None (unchanged otherwise). Problems: a value that
+    is not a bool, an engine without the flag, or `return_sampling_mask=false`
+    beside it."""
+    if requested is None or requested is False:
+        return requested_mask, None
+    if requested is not True:
+        return requested_mask, (LOGPROBS_ARG, "return_sampling_mask_logprobs must be "
+                                              f"true, false or null, not {requested!r}.")
+    if not engine_on:
+        return requested_mask, (LOGPROBS_ARG, "return_sampling_mask_logprobs=true needs "
+                                              f"an engine started with {FLAG}: restart "
+                                              "the server with it, or drop "
+                                              "return_sampling_mask_logprobs.")
+    if requested_mask is False:
+        return requested_mask, (LOGPROBS_ARG, "return_sampling_mask_logprobs=true "
+                                              "returns the logprobs of the mask's ids, "
+                                              "so it needs the mask: drop "
+                                              "return_sampling_mask=false.")
+    return (True if requested_mask is None else requested_mask), None
 
 
 def startup_errors(*, logprobs_mode: str, use_v2_model_runner: bool,

@@ -1,7 +1,7 @@
 """The engine-core output types that carry masks across the process boundary.
 
 `MaskedEngineCoreOutput` is vLLM's `EngineCoreOutput` (a msgspec Struct with
-`array_like=True`) with three trailing fields; the engine core's encoder
+`array_like=True`) with trailing fields; the engine core's encoder
 writes them. The client must decode with `MaskedEngineCoreOutputs`: a decoder
 built for the base type silently drops trailing fields.
 
@@ -10,6 +10,10 @@ Per output, for its `new_token_ids` (one token per step without speculation):
     sampling_mask_counts  int32 [len(new_token_ids)]
     sampling_mask_error   why the mask path ended this request (its
                           finish_reason is then ERROR and it carries no tokens)
+    sampling_mask_logprobs  float32 [sum of counts], aligned with the ids: each
+                          id's processed logprob (requests that asked for
+                          `return_sampling_mask_logprobs`; else None)
+    sampling_mask_log_kept  float32 [len(new_token_ids)], log S per token
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ class MaskedEngineCoreOutput(EngineCoreOutput):
     sampling_mask_ids: np.ndarray | None = None
     sampling_mask_counts: np.ndarray | None = None
     sampling_mask_error: str | None = None
+    sampling_mask_logprobs: np.ndarray | None = None
+    sampling_mask_log_kept: np.ndarray | None = None
 
 
 class MaskedEngineCoreOutputs(EngineCoreOutputs):

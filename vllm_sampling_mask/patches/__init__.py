@@ -129,7 +129,8 @@ _RECORDS = (
     Patch("engine_args", ("vllm.engine.arg_utils",), ANY, F, MASK_PR, MASK_GONE),
     Patch("request_validation", (INPUT,), API, F, MASK_PR, MASK_GONE),
     # -- the mask's path: sampler -> runner output -> scheduler -> client -> user
-    Patch("sampler", (f"{GPU}.sample.sampler",), WORKER, F, MASK_PR, MASK_GONE),
+    Patch("sampler", (f"{GPU}.sample.sampler", f"{GPU}.sample.states"), WORKER, F, MASK_PR,
+          MASK_GONE),
     Patch("runner", (f"{GPU}.model_runner",), WORKER, F, MASK_PR, MASK_GONE,
           after=("interpreter_dummy_run",)),
     Patch("async_output", (f"{GPU}.async_utils",), WORKER, F, MASK_PR, MASK_GONE),

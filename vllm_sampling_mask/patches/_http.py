@@ -3,6 +3,12 @@
 
 - the `return_sampling_mask` body field: its declaration, and its way into the
   request's own `SamplingParams.extra_args` (where the input processor decides);
+- the `return_sampling_mask_logprobs` body field (strict bool; into
+  `extra_args["return_sampling_mask_logprobs"]`): per token, the processed
+  logprob of every support id and log S, written as `choices[].sampling_mask_logprobs`
+  (one list of floats per token, aligned with the mask's lists) and
+  `choices[].sampling_mask_log_kept` (one float per token) in lists format, and
+  inside the packed object (`logprobs`, `log_kept`: base64 float32) in packed format;
 - the `sampling_mask_format` body field ("lists", the default, or "packed": the
   compact encoding of `vllm_sampling_mask.packed_wire`): an API-server choice of
   how `choices[].sampling_mask` is written, full responses and stream chunks;
@@ -32,7 +38,7 @@ from vllm_sampling_mask.errors import SamplingMaskGenerationError
 from vllm_sampling_mask.packed_wire import encode_packed
 from vllm_sampling_mask.patches._wrap import argument
 from vllm_sampling_mask.sampling_mask import SamplingMask
-from vllm_sampling_mask.validation import MASK_ARG
+from vllm_sampling_mask.validation import LOGPROBS_ARG, MASK_ARG
 
 # The request body field `return_sampling_mask` (top level; the `openai` client sends
 # it through `extra_body`). Strict: "yes" or 1 is a 400 naming it, never a coerced True.
@@ -45,6 +51,21 @@ def body_field():
         "(`choices[].sampling_mask`). true: a mask (refused unless the server runs "
         "with --return-sampling-mask and temperature > 0); false: none; null: a mask "
         "when the server's flag is on and the distribution is truncated."))
+
+
+def logprobs_field():
+    return Field(default=None, description=(
+        "Return, with the mask, the processed logprob of every id of each token's "
+        "support (`choices[].sampling_mask_logprobs`, aligned with the mask) and log S, "
+        "the log of the probability mass the support kept under the temperature-scaled "
+        "distribution (`choices[].sampling_mask_log_kept`); inside the packed object "
+        "with sampling_mask_format \"packed\". Implies return_sampling_mask; needs a "
+        "server started with --return-sampling-mask."))
+
+
+# The response choice fields of the support logprobs (lists format).
+LogprobsField = list[list[float]] | None
+LogKeptField = list[float] | None
 
 
 # The request body field `sampling_mask_format` (top level, like the one above).
@@ -64,11 +85,14 @@ def format_field():
 MaskField = list[list[int]] | dict[str, str | int] | None
 
 
-def forward_body_field(params, value):
-    """Put the body field into `params.extra_args[MASK_ARG]`, keeping the other
-    extra args; absent (null) leaves them as they are. Returns `params`."""
+def forward_body_field(params, value, logprobs=None):
+    """Put the body fields into `params.extra_args[MASK_ARG]` (and
+    `[LOGPROBS_ARG]`), keeping the other extra args; absent (null) leaves them as
+    they are. Returns `params`."""
     if value is not None:
         params.extra_args = {**(params.extra_args or {}), MASK_ARG: value}
+    if logprobs is not None:
+        params.extra_args = {**(params.extra_args or {}), LOGPROBS_ARG: logprobs}
     return params
 
 
@@ -90,13 +114,19 @@ def declare_openai_fields(module, request: str, choice: str, response: str) -> N
     from vllm_sampling_mask.patches._wrap import wraps
 
     Request = type(request, (getattr(module, request),),
-                   {"__annotations__": {MASK_ARG: BodyField, FORMAT_ARG: FormatField},
+                   {"__annotations__": {MASK_ARG: BodyField, FORMAT_ARG: FormatField,
+                                        LOGPROBS_ARG: BodyField},
                     MASK_ARG: body_field(), FORMAT_ARG: format_field(),
+                    LOGPROBS_ARG: logprobs_field(),
                     "_body_is_an_object": model_validator(mode="before")(
                         classmethod(body_is_an_object)),
                     "__module__": module.__name__})
     Choice = type(choice, (getattr(module, choice),),
-                  {"__annotations__": {"sampling_mask": MaskField}, "sampling_mask": None,
+                  {"__annotations__": {"sampling_mask": MaskField,
+                                       "sampling_mask_logprobs": LogprobsField,
+                                       "sampling_mask_log_kept": LogKeptField},
+                   "sampling_mask": None, "sampling_mask_logprobs": None,
+                   "sampling_mask_log_kept": None,
                    "__module__": module.__name__})
     Response = type(response, (getattr(module, response),),
                     {"__annotations__": {"choices": list[Choice]},
@@ -107,7 +137,8 @@ def declare_openai_fields(module, request: str, choice: str, response: str) -> N
 
     @wraps(module, f"{request}.to_sampling_params")
     def to_sampling_params(wrapped, self, args, kwargs):
-        return forward_body_field(wrapped(*args, **kwargs), self.return_sampling_mask)
+        return forward_body_field(wrapped(*args, **kwargs), self.return_sampling_mask,
+                                  self.return_sampling_mask_logprobs)
 
 
 async def create_with_masks(serving, wrapped, args, kwargs):
@@ -124,7 +155,8 @@ async def create_with_masks(serving, wrapped, args, kwargs):
         return serving.create_error_response(exc)
     if isinstance(result, AsyncIterator) and (
             serving_mask_enabled(serving)
-            or request.return_sampling_mask is not None):
+            or request.return_sampling_mask is not None
+            or request.return_sampling_mask_logprobs is not None):
         return await open_stream(result)
     return result
 
@@ -144,8 +176,24 @@ def mask_lists(completion, packed: bool = False) -> list[list[int]] | dict | Non
 
 
 def mask_payload(mask: SamplingMask, packed: bool) -> list[list[int]] | dict:
-    """A mask as the response carries it: JSON lists, or the packed object."""
-    return encode_packed(mask.ids, offsets=mask.offsets) if packed else mask.token_ids
+    """A mask as the response carries it: JSON lists, or the packed object (with
+    the support logprobs inside when the mask has them)."""
+    return mask.to_packed() if packed else mask.token_ids
+
+
+def set_choice_mask(choice, completion, packed: bool) -> None:
+    """Fill a response choice from its final `CompletionOutput`: `sampling_mask`,
+    and in lists format the support logprobs beside it (when asked for)."""
+    choice.sampling_mask = mask_lists(completion, packed)
+    mask = completion.sampling_mask
+    if not packed and mask is not None and mask.logprobs is not None:
+        choice.sampling_mask_logprobs = mask.logprob_lists()
+        choice.sampling_mask_log_kept = mask.log_kept.tolist()
+
+
+def asks_logprobs(request) -> bool:
+    """Whether the request asked for support logprobs (the body field)."""
+    return getattr(request, LOGPROBS_ARG, None) is True
 
 
 def packed_format(request) -> bool:
@@ -182,13 +230,15 @@ class StreamMasks:
     """
 
     def __init__(self, choice_index: Callable[[int, object], int] | None = None,
-                 indexed: bool = False, packed: bool = False) -> None:
+                 indexed: bool = False, packed: bool = False,
+                 logprobs: bool = False) -> None:
         # (prompt index, CompletionOutput) -> the chunk's choice index
         self._choice_index = choice_index or (lambda _prompt, completion: completion.index)
         self._indexed = indexed  # results are (prompt index, RequestOutput) pairs
         self._pending: dict[int, list[SamplingMask]] = {}
         self._masked = False
         self._packed = packed    # `sampling_mask_format: "packed"`
+        self._logprobs = logprobs  # `return_sampling_mask_logprobs: true`
 
     async def watch(self, results: AsyncIterator):
         try:
@@ -220,8 +270,18 @@ class StreamMasks:
             return event  # [DONE], an error event, the usage chunk
         for choice in chunk["choices"]:
             parts = self._pending.pop(choice["index"], [])
-            choice["sampling_mask"] = (mask_payload(SamplingMask.concat(parts), self._packed)
-                                       if self._masked else None)
+            if not self._masked:
+                choice["sampling_mask"] = None
+                continue
+            if parts:
+                mask = SamplingMask.concat(parts)
+            else:
+                mask = (SamplingMask.from_lists([], [], []) if self._logprobs
+                        else SamplingMask.from_lists([]))
+            choice["sampling_mask"] = mask_payload(mask, self._packed)
+            if self._logprobs and not self._packed and mask.logprobs is not None:
+                choice["sampling_mask_logprobs"] = mask.logprob_lists()
+                choice["sampling_mask_log_kept"] = mask.log_kept.tolist()
         return f"data: {json.dumps(chunk, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 

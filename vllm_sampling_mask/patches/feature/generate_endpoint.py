@@ -37,7 +37,8 @@ from collections.abc import AsyncGenerator
 
 from vllm_sampling_mask.config import serving_mask_enabled
 from vllm_sampling_mask.errors import SamplingMaskGenerationError
-from vllm_sampling_mask.patches._http import (StreamMasks, forward_body_field, mask_lists,
+from vllm_sampling_mask.patches._http import (StreamMasks, asks_logprobs, forward_body_field,
+                                              set_choice_mask,
                                               open_stream, packed_format, recording)
 from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps
 
@@ -48,14 +49,16 @@ def apply(module) -> None:
     @wraps(module, "ServingTokens.serve_tokens")
     async def serve_tokens(wrapped, self, args, kwargs):
         request = argument(wrapped, args, kwargs, "request")
-        forward_body_field(request.sampling_params, request.return_sampling_mask)
+        forward_body_field(request.sampling_params, request.return_sampling_mask,
+                           request.return_sampling_mask_logprobs)
         on = serving_mask_enabled(self)
         if (on or request.sampling_params.n > 1) and not request.stream:
             # One final output holding every child of n > 1.
             request.sampling_params.output_kind = RequestOutputKind.FINAL_ONLY
         result = await wrapped(*args, **kwargs)
         if isinstance(result, AsyncGenerator) and (
-                on or request.return_sampling_mask is not None):
+                on or request.return_sampling_mask is not None
+                or request.return_sampling_mask_logprobs is not None):
             return await open_stream(result)
         return result
 
@@ -71,7 +74,7 @@ def apply(module) -> None:
         if isinstance(response, module.GenerateResponse):
             packed = packed_format(argument(wrapped, args, kwargs, "request"))
             for choice in response.choices:
-                choice.sampling_mask = mask_lists(final[choice.index], packed)
+                set_choice_mask(choice, final[choice.index], packed)
         return response
 
     @wraps(module, "ServingTokens.serve_tokens_stream_generator")
@@ -83,7 +86,7 @@ def apply(module) -> None:
                 args, kwargs = with_argument(wrapped, args, kwargs, "result_generator",
                                            lambda results: every_choice_first(results, n))
             return wrapped(*args, **kwargs)
-        masks = StreamMasks(packed=packed_format(request))
+        masks = StreamMasks(packed=packed_format(request), logprobs=asks_logprobs(request))
         args, kwargs = with_argument(wrapped, args, kwargs, "result_generator",
             lambda results: masks.watch(every_choice_first(results, n)))
         return masks.chunks(wrapped(*args, **kwargs))

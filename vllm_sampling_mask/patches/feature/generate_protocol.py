@@ -19,17 +19,21 @@ Remove when: upstream vLLM PR #49577 (sampling masks upstream, vLLM 0.28)
 
 from __future__ import annotations
 
-from vllm_sampling_mask.patches._http import (BodyField, FormatField, MaskField, body_field,
-                                              format_field)
+from vllm_sampling_mask.patches._http import (BodyField, FormatField, LogKeptField,
+                                              LogprobsField, MaskField, body_field,
+                                              format_field, logprobs_field)
 
 
 def apply(module) -> None:
     class GenerateRequest(module.GenerateRequest):
         return_sampling_mask: BodyField = body_field()
         sampling_mask_format: FormatField = format_field()
+        return_sampling_mask_logprobs: BodyField = logprobs_field()
 
     class GenerateResponseChoice(module.GenerateResponseChoice):
         sampling_mask: MaskField = None
+        sampling_mask_logprobs: LogprobsField = None
+        sampling_mask_log_kept: LogKeptField = None
 
     class GenerateResponse(module.GenerateResponse):
         choices: list[GenerateResponseChoice]

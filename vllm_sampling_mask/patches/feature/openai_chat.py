@@ -21,7 +21,8 @@ Remove when: upstream vLLM PR #49577 (sampling masks upstream, vLLM 0.28)
 from __future__ import annotations
 
 from vllm_sampling_mask.config import serving_mask_enabled
-from vllm_sampling_mask.patches._http import (StreamMasks, create_with_masks, mask_lists,
+from vllm_sampling_mask.patches._http import (StreamMasks, asks_logprobs, create_with_masks,
+                                              set_choice_mask,
                                               packed_format, recording)
 from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps
 
@@ -40,13 +41,14 @@ def apply(module) -> None:
         if isinstance(response, module.ChatCompletionResponse):
             packed = packed_format(argument(wrapped, args, kwargs, "request"))
             for choice in response.choices:
-                choice.sampling_mask = mask_lists(final[choice.index], packed)
+                set_choice_mask(choice, final[choice.index], packed)
         return response
 
     @wraps(module, "OpenAIServingChat.chat_completion_stream_generator")
     def chat_completion_stream_generator(wrapped, self, args, kwargs):
         if not serving_mask_enabled(self):
             return wrapped(*args, **kwargs)
-        masks = StreamMasks(packed=packed_format(argument(wrapped, args, kwargs, "request")))
+        request = argument(wrapped, args, kwargs, "request")
+        masks = StreamMasks(packed=packed_format(request), logprobs=asks_logprobs(request))
         args, kwargs = with_argument(wrapped, args, kwargs, "result_generator", masks.watch)
         return masks.chunks(wrapped(*args, **kwargs))

@@ -23,7 +23,8 @@ Remove when: upstream vLLM PR #49577 (sampling masks upstream, vLLM 0.28)
 from __future__ import annotations
 
 from vllm_sampling_mask.config import serving_mask_enabled
-from vllm_sampling_mask.patches._http import (StreamMasks, create_with_masks, mask_lists,
+from vllm_sampling_mask.patches._http import (StreamMasks, asks_logprobs, create_with_masks,
+                                              set_choice_mask,
                                               packed_format, raise_mask_errors)
 from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps
 
@@ -41,7 +42,7 @@ def apply(module) -> None:
         response = wrapped(*args, **kwargs)
         packed = packed_format(argument(wrapped, args, kwargs, "request"))
         for choice, completion in zip(response.choices, completions, strict=True):
-            choice.sampling_mask = mask_lists(completion, packed)
+            set_choice_mask(choice, completion, packed)
         return response
 
     @wraps(module, "OpenAIServingCompletion.completion_stream_generator")
@@ -51,6 +52,7 @@ def apply(module) -> None:
         request = argument(wrapped, args, kwargs, "request")
         n = request.n or 1
         masks = StreamMasks(lambda prompt, completion: completion.index + prompt * n,
-                            indexed=True, packed=packed_format(request))
+                            indexed=True, packed=packed_format(request),
+                            logprobs=asks_logprobs(request))
         args, kwargs = with_argument(wrapped, args, kwargs, "result_generator", masks.watch)
         return masks.chunks(wrapped(*args, **kwargs))

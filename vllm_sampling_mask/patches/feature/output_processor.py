@@ -3,7 +3,8 @@
 What: in `vllm/v1/engine/output_processor.py`, declares
     `RequestState.sampling_masks` (a `MaskAccumulator` for requests whose
     parameters say `wants_mask`, set in `RequestState.from_new_request`, else
-    None) and `RequestState.sampling_mask_error`; wraps
+    None; it keeps the support logprobs too for requests that asked,
+    `validation.wants_support_logprobs`) and `RequestState.sampling_mask_error`; wraps
     `OutputProcessor.process_outputs` to append each engine-core output's
     supports to its request's accumulator before upstream handles the output
     (a masked request's output with tokens but no mask raises
@@ -22,7 +23,7 @@ from __future__ import annotations
 from vllm_sampling_mask.accumulator import MaskAccumulator
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.patches._wrap import argument, wraps
-from vllm_sampling_mask.validation import wants_mask
+from vllm_sampling_mask.validation import wants_mask, wants_support_logprobs
 
 
 def apply(module) -> None:
@@ -37,7 +38,8 @@ def apply(module) -> None:
         state = wrapped(*args, **kwargs)
         request = argument(wrapped, args, kwargs, "request")
         if request.sampling_params is not None and wants_mask(request.sampling_params):
-            state.sampling_masks = MaskAccumulator()
+            state.sampling_masks = MaskAccumulator(
+                with_logprobs=wants_support_logprobs(request.sampling_params))
         return state
 
     @wraps(module, "OutputProcessor.process_outputs")
@@ -55,8 +57,15 @@ def apply(module) -> None:
                         "OutputProcessor.process_outputs",
                         f"request {out.request_id} got {len(out.new_token_ids)} "
                         "tokens but its EngineCoreOutput has no sampling_mask_ids")
+                if state.sampling_masks.with_logprobs and out.sampling_mask_logprobs is None:
+                    raise MissingSamplingMaskError(
+                        "OutputProcessor.process_outputs",
+                        f"request {out.request_id} asked for support logprobs but its "
+                        "EngineCoreOutput has no sampling_mask_logprobs")
                 state.sampling_masks.append(out.sampling_mask_ids,
-                                            out.sampling_mask_counts)
+                                            out.sampling_mask_counts,
+                                            out.sampling_mask_logprobs,
+                                            out.sampling_mask_log_kept)
         return wrapped(*args, **kwargs)
 
     @wraps(module, "RequestState._new_completion_output")

@@ -11,7 +11,11 @@ What: wraps `InputProcessor._validate_params` and `InputProcessor.process_inputs
     naming the parameter. With the flag on, the request's own copy of its
     sampling parameters then gets `extra_args["return_sampling_mask"]` set to
     the decision (True or False), which every later hop reads
-    (`validation.wants_mask`).
+    (`validation.wants_mask`), and `extra_args["return_sampling_mask_logprobs"]`
+    the support-logprobs decision (`validation.wants_support_logprobs`): a bool
+    (else a 400 naming it), refused on an engine without the flag and beside
+    `return_sampling_mask=false`; true implies the mask (a null
+    `return_sampling_mask` becomes true).
 Why: every request entering the engine, from `LLM` or the server, passes here
     before it reaches the engine core, so a bad request fails alone and the
     engine keeps serving; deciding once here means the output processor knows
@@ -24,13 +28,21 @@ from __future__ import annotations
 from vllm_sampling_mask.config import mask_enabled
 from vllm_sampling_mask.errors import SamplingMaskRequestError
 from vllm_sampling_mask.patches._wrap import argument, wraps
-from vllm_sampling_mask.validation import DEFAULT_MAX_SIZE, MASK_ARG, resolve_request
+from vllm_sampling_mask.validation import (DEFAULT_MAX_SIZE, LOGPROBS_ARG, MASK_ARG,
+                                           resolve_logprobs_request, resolve_request)
 
 
-def check_request(sampling_params, *, engine_on: bool = True,
-                  max_size: int = DEFAULT_MAX_SIZE, vocab_size: int | None = None) -> bool:
-    """Whether the request carries a mask; SamplingMaskRequestError if it cannot."""
-    requested = (sampling_params.extra_args or {}).get(MASK_ARG)
+def decide(sampling_params, *, engine_on: bool = True, max_size: int = DEFAULT_MAX_SIZE,
+           vocab_size: int | None = None) -> tuple[bool, bool]:
+    """(mask, support logprobs) for the request; SamplingMaskRequestError if it
+    cannot have what it asked for."""
+    extra = sampling_params.extra_args or {}
+    asked = extra.get(LOGPROBS_ARG)
+    requested, problem = resolve_logprobs_request(
+        engine_on=engine_on, requested=asked, requested_mask=extra.get(MASK_ARG))
+    if problem is not None:
+        parameter, message = problem
+        raise SamplingMaskRequestError(message, parameter=parameter, value=asked)
     wants, problem = resolve_request(
         engine_on=engine_on, requested=requested,
         temperature=sampling_params.temperature, top_k=sampling_params.top_k,
@@ -40,17 +52,17 @@ def check_request(sampling_params, *, engine_on: bool = True,
         parameter, message = problem
         value = requested if parameter == MASK_ARG else getattr(sampling_params, parameter)
         raise SamplingMaskRequestError(message, parameter=parameter, value=value)
-    return wants
+    return wants, wants and asked is True
 
 
 def apply(module) -> None:
     from vllm.sampling_params import SamplingParams
 
-    def check(self, params) -> bool:
+    def check(self, params) -> tuple[bool, bool]:
         config = self.vllm_config.model_config
-        return check_request(params, engine_on=mask_enabled(self.vllm_config),
-                             max_size=config.max_sampling_mask_size,
-                             vocab_size=config.get_vocab_size())
+        return decide(params, engine_on=mask_enabled(self.vllm_config),
+                      max_size=config.max_sampling_mask_size,
+                      vocab_size=config.get_vocab_size())
 
     @wraps(module, "InputProcessor._validate_params")
     def _validate_params(wrapped, self, args, kwargs):
@@ -65,5 +77,7 @@ def apply(module) -> None:
         params = request.sampling_params
         if params is not None and mask_enabled(self.vllm_config):
             # `params` is the request's own clone: the caller's object is untouched.
-            params.extra_args = {**(params.extra_args or {}), MASK_ARG: check(self, params)}
+            wants, logprobs = check(self, params)
+            params.extra_args = {**(params.extra_args or {}), MASK_ARG: wants,
+                                 LOGPROBS_ARG: logprobs}
         return request

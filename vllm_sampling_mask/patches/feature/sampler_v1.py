@@ -11,7 +11,14 @@ What: in `vllm/v1/sample/sampler.py`, declares `Sampler.sampling_mask` (the
     batch's host-side top-k the runner staged (`state.take_top_k`); in the
     memory-profiling run (`state.profiling()`) every row at the widest.
     `forward` puts it on the declared field `SamplerOutput.sampling_mask`
-    (`state.mask.take`).
+    (`state.mask.take`). For the rows that asked for support logprobs
+    (`state.asked`), `sample` also wraps its call in a capture: the wrapped
+    static `Sampler.apply_temperature` (it divides the logits in place; the
+    argmax-invariant processors, min-p among them, and top-k/top-p then edit
+    them in place) hands its result to `state.capture_scaled`, which keeps only
+    the asked rows' largest scaled logprob ([A] floats, not the logits); the
+    extraction then gathers the support logprobs from the processed logprobs.
+    A batch where no row asked captures nothing.
 Why: the sampler is the only place where the exact support exists. Processed
     logprobs are always materialised in `processed_logprobs` mode (which the
     flag requires), and in that mode upstream never picks the FlashInfer
@@ -24,22 +31,47 @@ from __future__ import annotations
 
 import numpy as np
 
+from contextvars import ContextVar
+
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.extraction import no_rows
-from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.state import SamplingMaskState
+
+
+# The state whose sampler is inside `sample` with rows that asked for support
+# logprobs: `apply_temperature` is a static method, so it finds the state here.
+_CAPTURING: ContextVar[SamplingMaskState | None] = ContextVar("sampling_mask_capture",
+                                                              default=None)
 
 
 def apply(module) -> None:
     module.Sampler.sampling_mask: SamplingMaskState | None = None
 
+    @wraps(module, "Sampler.apply_temperature")
+    def apply_temperature(wrapped, instance, args, kwargs):
+        scaled = wrapped(*args, **kwargs)
+        state = _CAPTURING.get()
+        if state is not None:
+            state.capture_scaled(scaled)
+        return scaled
+
     @wraps(module, "Sampler.sample")
     def sample(wrapped, self, args, kwargs):
-        sampled, processed_logprobs = wrapped(*args, **kwargs)
         state = self.sampling_mask
         if state is None:
-            return sampled, processed_logprobs
-        rows = len(sampled)
+            return wrapped(*args, **kwargs)
+        rows = argument(wrapped, args, kwargs, "logits").shape[0]
+        asked = np.ones(rows, bool) if state.worst_case else state.asked[:rows]
+        token = None
+        if state.begin_capture(asked):
+            token = _CAPTURING.set(state)
+        try:
+            sampled, processed_logprobs = wrapped(*args, **kwargs)
+        finally:
+            if token is not None:
+                _CAPTURING.reset(token)
+            state.end_capture()
         if state.worst_case:   # the profiling run: every row, at the widest
             top_k, wanted = np.zeros(rows, np.int64), np.ones(rows, bool)
         else:
@@ -51,7 +83,7 @@ def apply(module) -> None:
                     "batch in which some request wants a mask")
             state.mask.put(no_rows(rows, sampled.device))
         else:
-            state.mask.put(state.extract(processed_logprobs, top_k, wanted))
+            state.mask.put(state.extract(processed_logprobs, top_k, wanted, asked))
         return sampled, processed_logprobs
 
     @wraps(module, "Sampler.forward")

@@ -14,7 +14,9 @@ What: in `vllm/v1/core/sched/scheduler.py`, makes the scheduler build
     `ModelRunnerOutput.sampling_masks` raises `MissingSamplingMaskError`.
 Why: the scheduler is where per-step runner rows become per-request outputs;
     slicing after upstream keeps the mask aligned with `new_token_ids` by
-    construction, and it can finish a single request cleanly.
+    construction, and it can finish a single request cleanly. A request that
+    asked for support logprobs also gets `sampling_mask_logprobs` (aligned with
+    the ids) and `sampling_mask_log_kept`.
 Remove when: upstream carries the mask in `EngineCoreOutput` (vLLM #49577).
 """
 
@@ -95,4 +97,9 @@ def _attach(out: MaskedEngineCoreOutput, masks, row: int) -> str | None:
     support = masks.row(row)
     out.sampling_mask_ids = np.ascontiguousarray(support, dtype=np.int32)
     out.sampling_mask_counts = np.array([len(support)], dtype=np.int32)
+    if masks.asked(row):   # support logprobs, aligned with the ids
+        out.sampling_mask_logprobs = np.ascontiguousarray(masks.row_logprobs(row),
+                                                          dtype=np.float32)
+        out.sampling_mask_log_kept = np.array([masks.log_kept[masks.row_of[row]]],
+                                              dtype=np.float32)
     return None
