@@ -10,29 +10,20 @@ import json
 import pytest
 import requests
 
-from vllm_sampling_mask import DEMO_MODEL, SamplingMask
+from vllm_sampling_mask import SamplingMask
 from vllm_sampling_mask.packed_wire import PACKED_FORMAT
 
-GEN, CMPL, CHAT = "/inference/v1/generate", "/v1/completions", "/v1/chat/completions"
+from conftest import CHAT, CMPL, GEN, route_body
+
 ROUTES = [GEN, CMPL, CHAT]
 
 
 def body(route, stream, fmt, n=1):
     sampling = dict(temperature=1.0, top_k=40, top_p=0.95, max_tokens=8, seed=5,
                     ignore_eos=True, n=n)
-    if route == GEN:
-        b = {"model": DEMO_MODEL, "token_ids": [5, 6, 7], "sampling_params": sampling}
-    else:
-        b = {"model": DEMO_MODEL, **sampling, "return_token_ids": True}
-        if route == CMPL:
-            b["prompt"] = "def f(x):\n    "
-        else:
-            b["messages"] = [{"role": "user", "content": "hi"}]
-    if stream:
-        b["stream"] = True
-    if fmt is not ...:
-        b["sampling_mask_format"] = fmt
-    return b
+    return route_body(route, sampling, prompt="def f(x):\n    ",
+                      return_token_ids=... if route == GEN else True,
+                      stream=True if stream else ..., sampling_mask_format=fmt)
 
 
 def call(base, route, stream, fmt, n=1):

@@ -14,34 +14,24 @@ import numpy as np
 import pytest
 import requests
 import torch
-from conftest import hf_logits
 
-from vllm_sampling_mask import DEMO_MODEL, SamplingMask
+from vllm_sampling_mask import SamplingMask
 
-GEN, CMPL, CHAT = "/inference/v1/generate", "/v1/completions", "/v1/chat/completions"
+from conftest import CHAT, CMPL, GEN, hf_logits, route_body
+
 ROUTES = [GEN, CMPL, CHAT]
-PROMPT_IDS = [5, 6, 7]
+PROMPT_IDS = [5, 6, 7]   # the generate route's prompt in conftest.route_body
 TEMPERATURE = 0.9
 
 
 def body(route, stream, fmt, ask=True):
     sampling = dict(temperature=TEMPERATURE, top_k=40, top_p=0.9, max_tokens=8, seed=11,
                     ignore_eos=True)
-    if route == GEN:
-        b = {"model": DEMO_MODEL, "token_ids": PROMPT_IDS, "sampling_params": sampling}
-    else:
-        b = {"model": DEMO_MODEL, **sampling, "return_token_ids": True}
-        if route == CMPL:
-            b["prompt"] = "def f(x):\n    "
-        else:
-            b["messages"] = [{"role": "user", "content": "hi"}]
-    if stream:
-        b["stream"] = True
-    if fmt is not None:
-        b["sampling_mask_format"] = fmt
-    if ask is not None:
-        b["return_sampling_mask_logprobs"] = ask
-    return b
+    return route_body(route, sampling, prompt="def f(x):\n    ",
+                      return_token_ids=... if route == GEN else True,
+                      stream=True if stream else ...,
+                      sampling_mask_format=... if fmt is None else fmt,
+                      return_sampling_mask_logprobs=... if ask is None else ask)
 
 
 def call(base, route, stream, fmt, ask=True):
