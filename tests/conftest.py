@@ -98,17 +98,18 @@ def assert_supports_match_reference(outs, cases, model) -> int:
 GEN, CMPL, CHAT = "/inference/v1/generate", "/v1/completions", "/v1/chat/completions"
 
 
-def route_body(route, sampling=(), *, prompt="def f", **top):
+def route_body(route, sampling=(), *, completion_prompt="def f", **top):
     """The route's smallest valid body, with `sampling` fields where the route takes
     them (generate: inside `sampling_params`) and `top` fields at the top level (a
-    value of `...` removes the field); `prompt` is the completions route's text."""
+    value of `...` removes the field); `completion_prompt` is the completions route's
+    prompt (a top-level `prompt` field replaces it)."""
     if route == GEN:
         b = {"model": DEMO_MODEL, "token_ids": [5, 6, 7],
              "sampling_params": {"temperature": 1.0, "max_tokens": 2, **dict(sampling)}}
     else:
         b = {"model": DEMO_MODEL, "temperature": 1.0, "max_tokens": 2, **dict(sampling)}
         if route == CMPL:
-            b["prompt"] = prompt
+            b["prompt"] = completion_prompt
         else:
             b["messages"] = [{"role": "user", "content": "hi"}]
     for key, value in top.items():

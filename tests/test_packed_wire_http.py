@@ -21,7 +21,7 @@ ROUTES = [GEN, CMPL, CHAT]
 def body(route, stream, fmt, n=1):
     sampling = dict(temperature=1.0, top_k=40, top_p=0.95, max_tokens=8, seed=5,
                     ignore_eos=True, n=n)
-    return route_body(route, sampling, prompt="def f(x):\n    ",
+    return route_body(route, sampling, completion_prompt="def f(x):\n    ",
                       return_token_ids=... if route == GEN else True,
                       stream=True if stream else ..., sampling_mask_format=fmt)
 

@@ -27,7 +27,7 @@ TEMPERATURE = 0.9
 def body(route, stream, fmt, ask=True):
     sampling = dict(temperature=TEMPERATURE, top_k=40, top_p=0.9, max_tokens=8, seed=11,
                     ignore_eos=True)
-    return route_body(route, sampling, prompt="def f(x):\n    ",
+    return route_body(route, sampling, completion_prompt="def f(x):\n    ",
                       return_token_ids=... if route == GEN else True,
                       stream=True if stream else ...,
                       sampling_mask_format=... if fmt is None else fmt,
