@@ -206,12 +206,12 @@ def test_the_profiling_run_compiles_every_variant_a_step_launches():
     from vllm_sampling_mask.state import SamplingMaskState
     state = SamplingMaskState(max_num_reqs=64, max_size=4096)
     logits = torch.randn(64, VOCAB, device="cuda")
-    with state.profiling():
-        state.extract(logits, np.zeros(64, np.int64), np.ones(64, bool))
+    with state.profiling():   # MRv2's profiling batch: the model's bf16 logits, unprocessed
+        state.extract(logits.bfloat16(), np.zeros(64, np.int64), np.ones(64, bool))
     torch.cuda.synchronize()
     before = _compiled_variants()
     for rows, k in ((1, 5), (3, 50), (17, 1000), (64, VOCAB)):
         wanted = np.arange(rows) % 2 == 0
-        state.extract(logits[:rows], np.full(rows, k), wanted)
+        state.extract(logits[:rows], np.full(rows, k), wanted)     # processed: float32
     torch.cuda.synchronize()
     assert _compiled_variants() == before

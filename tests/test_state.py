@@ -20,19 +20,20 @@ class Params:
 def test_wants_follow_adds_removes_moves_and_swaps_like_a_batch():
     state = SamplingMaskState(max_num_reqs=6, max_size=64)
     rows: list[str | None] = [None] * 6           # the batch's request per row
-    wants = {"a": False, "b": False, "c": True, "d": True}
+    wants = {"a": True, "b": True, "c": False, "d": True}
     # step 1: a, b, c added at rows 0..2
-    state.apply_batch_update([(0, Params(False), [], []), (1, Params(False), [], []),
-                              (2, Params(True), [], [])], [], [])
+    state.apply_batch_update([(0, Params(True), [], []), (1, Params(True), [], []),
+                              (2, Params(False), [], [])], [], [])
     rows[:3] = ["a", "b", "c"]
     # step 2: b removed (row 1), d added into row 3, condense moves row 3 -> 1,
     # then a reorder swaps rows 0 and 2
-    state.apply_batch_update([(3, Params(True), [], [])], [], [(3, 1, False), (0, 2, True)])
+    state.apply_batch_update([(3, Params(True), [], [])], [1], [(3, 1, False), (0, 2, True)])
     rows = ["c", "d", "a", None, None, None]
     n = 3
     assert state.wants[:n].tolist() == [wants[r] for r in rows[:n]]
+    # a removed row that nothing refills wants nothing
     state.apply_batch_update([], [2], [])
-    assert not state.wants[2]
+    assert state.wants[:n].tolist() == [False, True, False]
 
 
 def test_a_request_without_the_decision_wants_no_mask():

@@ -117,3 +117,24 @@ def test_refuses_mismatched_inputs():
         gather_support_logprobs(processed, processed, mask, np.array([True]))
     with pytest.raises(ValueError, match="differ in shape"):
         gather_support_logprobs(processed, processed[:, :50], mask, np.array([True, True]))
+
+
+def test_nan_logits_end_only_their_row_and_asking_is_not_read_from_the_values():
+    """A row whose logits hold a NaN (outside its finite support) gets NaN support
+    logprobs: the host still knows it asked, and `problem` ends that request; the
+    row beside it, which asked too, is served; a row that did not ask has none."""
+    vocab = 300
+    logits = torch.randn(3, vocab, dtype=torch.float64)
+    processed = torch.log_softmax(logits, -1)
+    processed[0, 7] = float("nan")
+    layout = plan_layout(np.array([vocab] * 3), vocab, max_size=vocab)
+    mask = extract_support(processed.float(), layout)
+    asked = np.array([True, True, False])
+    out = gather_support_logprobs(processed.float(), None, mask, asked,
+                                  scaled_top=torch.zeros(3))
+    host = decode(mask.block.numpy(), layout, mask.row_of(), support_logprobs=out)
+    assert [host.asked(i) for i in range(3)] == [True, True, False]
+    token = int(host.row(0)[0])
+    assert "NaN" in host.problem(0, token)
+    assert host.problem(1, int(host.row(1)[0])) is None
+    assert np.isfinite(host.row_logprobs(1)).all()

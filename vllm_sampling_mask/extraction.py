@@ -1,7 +1,8 @@
 """Mask extraction on the device: which ids survived every logits processor.
 
-Plain module (torch, and Triton where it is installed; no vLLM). The sampler
-calls `extract_support` on the processed logits it sampled from (a non-finite
+Plain module (torch, and Triton where it is installed; no vLLM). The runner's
+mask state (`state.SamplingMaskState.extract`, through `extract_selected`)
+calls `extract_support` on the processed logits the sampler drew from (a non-finite
 logit marks an excluded id) right after sampling. The result stays on the
 device in one int32 block that `transport` copies to the host as a whole.
 
@@ -163,6 +164,16 @@ class DeviceMask:
         return row_of
 
 
+def host_index(values, device, dtype=np.int64) -> torch.Tensor:
+    """Host ints as an index tensor on `device` without a host synchronisation: on
+    an accelerator through pinned memory and an asynchronous copy (a copy from
+    pageable memory would wait for the whole stream)."""
+    index = torch.from_numpy(np.ascontiguousarray(values, dtype=dtype))
+    if torch.device(device).type != "cpu":
+        index = index.pin_memory().to(device, non_blocking=True)
+    return index
+
+
 def extract_support(processed_logits: torch.Tensor, layout: MaskLayout,
                     rows: np.ndarray | None = None, *,
                     use_triton: bool | None = None,
@@ -182,11 +193,7 @@ def extract_support(processed_logits: torch.Tensor, layout: MaskLayout,
     if use_triton is None:
         use_triton = triton is not None and processed_logits.is_cuda
     device = processed_logits.device
-    source = None
-    if rows is not None:
-        source = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int32))
-        if device.type != "cpu":
-            source = source.pin_memory().to(device, non_blocking=True)
+    source = None if rows is None else host_index(rows, device, np.int32)
     block = torch.empty(HEADER + layout.numel, dtype=torch.int32, device=device)
     # The header's first entry is the kernel's slot counter; the block proper
     # starts after it, 16-byte aligned.

@@ -28,7 +28,8 @@ An empty mask (T = 0) is `{"format": ..., "tokens": 0, "data": ""}`. Decoders
 must refuse another `format` string: a later layout gets a new tag.
 
 Both directions are vectorised (a handful of numpy passes over the ids, no
-per-id Python).
+per-id Python), except that a mask of fewer than 128 ids (a stream chunk) is
+encoded by a plain loop to the same bytes: numpy's per-call cost dominates there.
 """
 
 from __future__ import annotations

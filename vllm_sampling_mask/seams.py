@@ -120,6 +120,8 @@ _PS = "vllm.distributed.parallel_state"
 _OUTPUT_RANK = (
     _n(_PS, "get_pp_group"), _n(_PS, "get_tp_group"), _n(_PS, "get_pcp_group"),
     _n(_PS, "GroupCoordinator.is_first_rank"), _n(_PS, "GroupCoordinator.is_last_rank"),
+    _n("vllm.v1.executor.uniproc_executor", "ExecutorWithExternalLauncher"),
+    _s("vllm.config.parallel", "ParallelConfig.__post_init__", '"external_launcher"'),
     _s("vllm.v1.executor.multiproc_executor", "MultiprocExecutor._get_output_rank",
        "self.world_size", "self.parallel_config.tensor_parallel_size",
        "self.parallel_config.prefill_context_parallel_size"),

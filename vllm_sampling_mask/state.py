@@ -22,10 +22,11 @@ It owns:
   logits exist); rows that did not ask cost nothing;
 - the memory-profiling run's worst case (`profiling()`), which also compiles,
   on a CUDA device, every extraction kernel variant a step can launch
-  (`extraction.warm_up`, for the logits' dtype and row stride), so no batch
-  shape compiles one while serving;
-- `extractions`: the steps it extracted (a diagnostic the state route reports:
-  under tensor parallelism only the output rank has a state and extracts);
+  (`extraction.warm_up`, for the logits' dtype and row stride, and for float32
+  rows), so no batch shape compiles one while serving;
+- `extractions`: the served steps in which it extracted rows (the profiling run
+  aside; a diagnostic the state route reports: under tensor parallelism only the
+  output rank has a state and extracts);
 - `pool`: the pinned host buffers of this runner's mask copies;
 - the step's hand-offs: `mask`, the device mask from the sampler's `sample`
   to the call that returns it (`mask.put` / `mask.take`); `copy`, the started
@@ -42,6 +43,7 @@ from contextlib import contextmanager
 from typing import Generic, TypeVar
 
 import numpy as np
+import torch
 
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask import extraction
@@ -175,9 +177,10 @@ class SamplingMaskState:
         with, for the rows in `asked`, their support logprobs (from the scaled
         distribution `capture_scaled` recorded; `normalise`: `processed_logits`
         are logits, not logprobs)."""
-        self.extractions += 1
         mask = extract_selected(processed_logits, top_k, wanted, max_size=self.max_size,
                                 worst_case=self._worst_case, settings=self.settings)
+        if not self._worst_case and mask.layout.rows:
+            self.extractions += 1
         if asked is not None and mask.layout.rows and np.any(asked):
             scaled_top, self._scaled_top = self._scaled_top, None
             if scaled_top is None:
@@ -191,11 +194,18 @@ class SamplingMaskState:
                 processed_logits, None, mask, block_asked, scaled_top=scaled_top,
                 normalise=normalise)
         if self._worst_case and processed_logits.is_cuda:
-            extraction.warm_up(processed_logits.device, processed_logits.shape[1],
-                               (processed_logits.dtype,), max_size=self.max_size,
-                               logits_stride=processed_logits.stride(0),
-                               settings=self.settings)
+            self._warm_up(processed_logits)
         return mask
+
+    def _warm_up(self, logits) -> None:
+        """Compile every kernel variant a step can launch: for the profiling run's
+        logits, and for the contiguous float32 rows a sampler extracts from once
+        it processes logits (Model Runner V2's profiling batch needs no
+        processing and hands over the model's own dtype)."""
+        vocab = logits.shape[1]
+        for dtype, stride in {(logits.dtype, logits.stride(0)), (torch.float32, vocab)}:
+            extraction.warm_up(logits.device, vocab, (dtype,), max_size=self.max_size,
+                               logits_stride=stride, settings=self.settings)
 
     def stage_top_k(self, top_k: np.ndarray) -> None:
         self._top_k = top_k

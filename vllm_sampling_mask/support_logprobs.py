@@ -1,34 +1,39 @@
 """Support logprobs on the device: the processed logprob of every id of a sampling
 mask's support, in the mask's order, and log S, for the rows that asked.
 
-Plain module (torch and numpy; no vLLM). The sampler calls `gather_support_logprobs`
-right after `extraction.extract_support` (same step, same device, no host sync);
-the host, once it has decoded the step's supports (`transport.decode`), aligns the
-copied values to them with `align_row`.
+Plain module (torch and numpy; no vLLM). The runner's mask state
+(`state.SamplingMaskState.extract`) calls `gather_support_logprobs` right after
+extracting the step's supports (same step, same device, no host sync: host ints
+reach the device through pinned memory, `extraction.host_index`); the host, once
+it has decoded the step's supports (`transport.decode`), aligns the copied values
+to them with `align_row`.
 
 Inputs, for the sampler's batch of `B` rows over a vocabulary of `V`:
     processed_logprobs  float [B, V]  what the mask was extracted from:
                         log_softmax of the logits sampled from (every processor,
                         temperature, min-p, top-k/top-p), -inf outside the support
-    scaled_logits       float [B, V]  the same rows after temperature and before
-                        min-p/top-k/top-p (the temperature-scaled distribution)
+                        (Model Runner V2 hands processed logits: `normalise`)
+    scaled_top          float [B]  per row, log p_max of the temperature-scaled
+                        distribution (before min-p/top-k/top-p), recorded by the
+                        sampler adapters with `scaled_top_logprob` where the scaled
+                        logits exist (no copy of them is kept)
     mask                `extraction.DeviceMask` of that step
     asked               host bool per row of `mask.block` (the rows that asked)
 
 Output (`DeviceSupportLogprobs`, still on the device, float32):
     values    [A, W]   values[a, j] = processed_logprobs[row, ids[row, j]] for
                        j < min(count, W); NaN where the block holds -1
-    log_kept  [A]      log S = log sum over the support of
-                       softmax(scaled_logits[row]); 0 for an untruncated row
+    log_kept  [A]      log S, the mass the support kept under the scaled
+                       distribution; 0 for an untruncated row
     tail      [S, V]   for each wide-row slot of the layout, its row's processed
                        logprobs (ids past W come from the slot's bits; their values
                        are read from here on the host); [0, V] when S = 0
     rows      host int64 [A], the block rows gathered (ascending)
 
-Since processed logits equal the scaled logits on the support (truncation only
-writes -inf), log S is computed as logsumexp over the support of
-log_softmax(scaled_logits), in float32 with a max shift (one pass over the asked
-rows, `[A, V]`); the processed logprobs are only gathered.
+log S without the scaled rows: min-p, top-k and top-p always keep the most probable
+id, and processed logits equal scaled ones on the support, so log S = log p_max
+(scaled) - log p_max(processed), each `-logsumexp(row - max row)`. (A caller may
+instead pass the whole `scaled_logits` [B, V]; the tests use it as a reference.)
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vllm_sampling_mask.extraction import DeviceMask
+from vllm_sampling_mask.extraction import DeviceMask, host_index
 
 __all__ = ["DeviceSupportLogprobs", "gather_support_logprobs", "align_row",
            "scaled_top_logprob"]
@@ -69,7 +74,7 @@ def scaled_top_logprob(scaled_logits: torch.Tensor, rows: np.ndarray) -> torch.T
                       device=scaled_logits.device)
     if len(rows):
         rows = np.asarray(rows, np.int64)
-        index = torch.from_numpy(rows).to(scaled_logits.device)
+        index = host_index(rows, scaled_logits.device)
         every_row = np.array_equal(rows, np.arange(scaled_logits.shape[0]))
         picked = (scaled_logits if every_row else scaled_logits.index_select(0, index)).float()
         shifted = picked - picked.amax(dim=1, keepdim=True)
@@ -114,8 +119,8 @@ def gather_support_logprobs(processed_logprobs: torch.Tensor,
                                      torch.empty(0, vocab, dtype=torch.float32,
                                                  device=device), block_rows)
     meta, ids, _ = layout.views(mask.block)
-    pick = torch.from_numpy(block_rows).to(device)
-    source = torch.from_numpy(_source_rows(mask, block_rows)).to(device)
+    pick = host_index(block_rows, device)
+    source = host_index(_source_rows(mask, block_rows), device)
     every_row = len(block_rows) == processed_logprobs.shape[0] and np.array_equal(
         _source_rows(mask, block_rows), np.arange(len(block_rows)))
     processed = (processed_logprobs if every_row             # no copy when all asked

@@ -15,9 +15,11 @@ thread that resolves outputs, which under asynchronous scheduling must not
 wait on the main stream. Wide rows arrive in the same copy as packed bits and
 are unpacked in time linear in their size.
 
-Pinned staging: on CUDA the copy lands in a reusable page-locked buffer from
-`PinnedPool` (truly asynchronous; no page-locked allocation per step). A
-buffer is handed out only while free and returns to the pool once read.
+Pinned staging: on CUDA the block lands in a reusable page-locked buffer from
+`PinnedPool` (truly asynchronous; no page-locked allocation per step for the
+mask). A buffer is handed out only while free and returns to the pool once
+read. Support logprobs, when a row asked, are copied with `non_blocking=True`
+into page-locked memory from torch's caching host allocator.
 """
 
 from __future__ import annotations
@@ -81,16 +83,17 @@ class StepMasks:
     lost: frozenset[int]          # rows wider than W that found no wide-row slot
     max_size: int                 # --max-sampling-mask-size
     # Support logprobs (`return_sampling_mask_logprobs`), None when no row of the
-    # step asked: float32 aligned with `ids` (each stored id's processed logprob)
-    # and float32 [R] log S; NaN in the rows that did not ask.
+    # step asked: the rows that asked ([R] bool), float32 aligned with `ids` (each
+    # stored id's processed logprob) and float32 [R] log S; NaN in the rows that
+    # did not ask (and where a row's logits held NaN: `problem` says so).
+    asked_rows: np.ndarray | None = None
     logprobs: np.ndarray | None = None
     log_kept: np.ndarray | None = None
 
     def asked(self, i: int) -> bool:
         """Whether batch row i carries support logprobs."""
         r = int(self.row_of[i])
-        return (r >= 0 and self.log_kept is not None
-                and not np.isnan(self.log_kept[r]))
+        return r >= 0 and self.asked_rows is not None and bool(self.asked_rows[r])
 
     def row_logprobs(self, i: int) -> np.ndarray:
         r = int(self.row_of[i])
@@ -125,6 +128,10 @@ class StepMasks:
         if at == len(row) or row[at] != token:
             return (f"the sampled token {token} is not in its support of {count} ids "
                     "(non-finite logits reached the sampler)")
+        if self.asked(i) and (np.isnan(self.log_kept[r])
+                              or np.isnan(self.row_logprobs(i)).any()):
+            return ("its support logprobs are NaN (NaN logits reached the sampler; "
+                    "send return_sampling_mask_logprobs=false to get the mask alone)")
         return None
 
 
@@ -175,14 +182,17 @@ def decode(block: np.ndarray, layout: MaskLayout, row_of: np.ndarray,
         flat[offsets[rr] + cc] = ids[rr, cc]
         for r, support in wide.items():
             flat[offsets[r]: offsets[r + 1]] = support
-    logprobs = log_kept = None
+    asked_rows = logprobs = log_kept = None
     if support_logprobs is not None and len(support_logprobs.rows):
+        asked_rows = np.zeros(layout.rows, dtype=bool)
+        asked_rows[np.asarray(support_logprobs.rows, np.int64)] = True
         logprobs, log_kept = _align_logprobs(support_logprobs, layout, meta, counts,
                                              stored, offsets, wide)
     return StepMasks(row_of=row_of, counts=counts, ids=np.ascontiguousarray(flat, np.int32),
                      offsets=offsets, width=layout.width, wide=frozenset(wide),
                      lost=frozenset(lost),
-                     max_size=layout.max_size, logprobs=logprobs, log_kept=log_kept)
+                     max_size=layout.max_size, asked_rows=asked_rows, logprobs=logprobs,
+                     log_kept=log_kept)
 
 
 def _align_logprobs(host, layout: MaskLayout, meta, counts, stored, offsets, wide):

@@ -5,7 +5,9 @@ is wanted: the engine flag is on and this worker's `ModelRunnerOutput` is the on
 the executor returns. Under tensor (and prefill-context) parallelism every rank
 samples the same tokens, but vLLM's executors return only the first rank of the
 last pipeline stage (`MultiprocExecutor._get_output_rank`); the other ranks get
-no state, so they extract and copy nothing.
+no state, so they extract and copy nothing. Under the `external_launcher` backend
+(torchrun, one engine per rank) every rank schedules from its own output, so every
+rank gets a state.
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ def is_output_rank() -> bool:
 
 
 def mask_state_for(runner) -> SamplingMaskState | None:
-    if not mask_enabled(runner.vllm_config) or not is_output_rank():
+    config = runner.vllm_config
+    if not mask_enabled(config):
+        return None
+    # torchrun-style SPMD (`external_launcher`, colocated RL trainers): every rank
+    # runs its own scheduler on its own runner output, so every rank needs masks.
+    every_rank = config.parallel_config.distributed_executor_backend == "external_launcher"
+    if not every_rank and not is_output_rank():
         return None
     return SamplingMaskState(runner.max_num_reqs, runner.model_config.max_sampling_mask_size)
