@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -171,6 +172,20 @@ class SamplingMaskState:
     def end_capture(self) -> None:
         self._capture_rows = None
 
+    @contextmanager
+    def capturing(self, asked: np.ndarray) -> Iterator[None]:
+        """Around the sampler's `sample`: `begin_capture(asked)`, and, when a row
+        asked, this state is the one `capturing_state()` returns to the adapters'
+        seam where the scaled logits exist (a static method there has no reference
+        to the sampler); `end_capture` on the way out."""
+        token = _CAPTURING.set(self) if self.begin_capture(asked) else None
+        try:
+            yield
+        finally:
+            if token is not None:
+                _CAPTURING.reset(token)
+            self.end_capture()
+
     def extract(self, processed_logits, top_k: np.ndarray, wanted: np.ndarray,
                 asked: np.ndarray | None = None, *, normalise: bool = False) -> DeviceMask:
         """The support of the rows that want a mask (`wanted`, host bool per row),
@@ -216,6 +231,16 @@ class SamplingMaskState:
             raise MissingSamplingMaskError(
                 hop, f"the runner did not hand over the batch's top-k for {rows} rows")
         return top_k
+
+
+_CAPTURING: ContextVar[SamplingMaskState | None] = ContextVar("sampling_mask_capture",
+                                                              default=None)
+
+
+def capturing_state() -> SamplingMaskState | None:
+    """The state whose sampler is inside `sample` with rows that asked for support
+    logprobs (`SamplingMaskState.capturing`), or None."""
+    return _CAPTURING.get()
 
 
 @contextmanager

@@ -29,20 +29,12 @@ Remove when: upstream returns the support from its sampler (vLLM #49577,
 
 from __future__ import annotations
 
-from contextvars import ContextVar
-
 import numpy as np
 
 from vllm_sampling_mask.extraction import DeviceMask
 from vllm_sampling_mask.patches._dataclass import add_field
 from vllm_sampling_mask.patches._wrap import argument, wraps
-from vllm_sampling_mask.state import SamplingMaskState
-
-
-# The state whose sampler is inside `sample` with rows that asked for support
-# logprobs (`SamplingStates.apply_min_p` has no reference to the sampler).
-_CAPTURING: ContextVar[SamplingMaskState | None] = ContextVar("sampling_mask_capture_v2",
-                                                              default=None)
+from vllm_sampling_mask.state import SamplingMaskState, capturing_state
 
 
 def apply(module) -> None:
@@ -53,7 +45,7 @@ def apply(module) -> None:
 
     @wraps(states, "SamplingStates.apply_min_p")
     def apply_min_p(wrapped, self, args, kwargs):
-        state = _CAPTURING.get()
+        state = capturing_state()
         if state is not None:   # before min-p: the temperature-scaled logits
             state.capture_scaled(argument(wrapped, args, kwargs, "logits"))
         return wrapped(*args, **kwargs)
@@ -72,15 +64,10 @@ def apply(module) -> None:
             return wrapped(*args, **kwargs)
         slots = argument(wrapped, args, kwargs, "idx_mapping_np")
         asked = np.ones(len(slots), bool) if state.worst_case else state.asked[slots]
-        token = _CAPTURING.set(state) if state.begin_capture(asked) else None
-        try:
+        with state.capturing(asked):
             sampled, processed_logits = wrapped(*args, **kwargs)
             if state.capture_pending:   # no logits processing: nothing was scaled
                 state.capture_scaled(processed_logits)
-        finally:
-            if token is not None:
-                _CAPTURING.reset(token)
-            state.end_capture()
         state.mask.put(state.extract(processed_logits, self.sampling_states.top_k.np[slots],
                                      state.wants[slots], asked, normalise=True))
         return sampled, processed_logits

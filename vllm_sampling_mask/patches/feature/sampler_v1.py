@@ -31,18 +31,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from contextvars import ContextVar
-
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.extraction import no_rows
 from vllm_sampling_mask.patches._wrap import argument, wraps
-from vllm_sampling_mask.state import SamplingMaskState
-
-
-# The state whose sampler is inside `sample` with rows that asked for support
-# logprobs: `apply_temperature` is a static method, so it finds the state here.
-_CAPTURING: ContextVar[SamplingMaskState | None] = ContextVar("sampling_mask_capture",
-                                                              default=None)
+from vllm_sampling_mask.state import SamplingMaskState, capturing_state
 
 
 def apply(module) -> None:
@@ -51,7 +43,7 @@ def apply(module) -> None:
     @wraps(module, "Sampler.apply_temperature")
     def apply_temperature(wrapped, instance, args, kwargs):
         scaled = wrapped(*args, **kwargs)
-        state = _CAPTURING.get()
+        state = capturing_state()
         if state is not None:
             state.capture_scaled(scaled)
         return scaled
@@ -63,15 +55,8 @@ def apply(module) -> None:
             return wrapped(*args, **kwargs)
         rows = argument(wrapped, args, kwargs, "logits").shape[0]
         asked = np.ones(rows, bool) if state.worst_case else state.asked[:rows]
-        token = None
-        if state.begin_capture(asked):
-            token = _CAPTURING.set(state)
-        try:
+        with state.capturing(asked):
             sampled, processed_logprobs = wrapped(*args, **kwargs)
-        finally:
-            if token is not None:
-                _CAPTURING.reset(token)
-            state.end_capture()
         if state.worst_case:   # the profiling run: every row, at the widest
             top_k, wanted = np.zeros(rows, np.int64), np.ones(rows, bool)
         else:
