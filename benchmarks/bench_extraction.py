@@ -2,7 +2,8 @@
 
 On CUDA (one command, torch + Triton only, a few minutes on one GPU):
 
-    python benchmarks/bench_extraction.py --upstream /tmp/up/w033/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
+    pip download vllm==0.33.0 --no-deps -d wheels    # where the network allows
+    python benchmarks/bench_extraction.py --upstream wheels/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
 
 for R in {64, 256, 1024}, V = 151,936, bf16 and fp32, top_k = 50 and top-p
 only (p = 0.95, no top-k: the widest layout), side by side on the same logits:
