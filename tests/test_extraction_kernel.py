@@ -15,7 +15,7 @@ import torch
 
 from vllm_sampling_mask.extraction import (NO_SLOT, ExtractionSettings, MaskLayout,
                                            extract_selected, extract_support, plan_layout)
-from vllm_sampling_mask.transport import MaskCopy, decode
+from vllm_sampling_mask.transport import decode
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Small kernel chunks: a row of a few thousand logits spans many programs, so

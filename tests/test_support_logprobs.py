@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_sampling_mask.extraction import (DEFAULT_SETTINGS, ExtractionSettings,
-                                           extract_support, plan_layout)
+from vllm_sampling_mask.extraction import ExtractionSettings, extract_support, plan_layout
 from vllm_sampling_mask.support_logprobs import align_row, gather_support_logprobs
 from vllm_sampling_mask.transport import decode
 

@@ -35,8 +35,7 @@ from typing import Literal
 from pydantic import Field, StrictBool, model_validator
 
 from vllm_sampling_mask.errors import SamplingMaskGenerationError
-from vllm_sampling_mask.packed_wire import encode_packed
-from vllm_sampling_mask.patches._wrap import argument
+from vllm_sampling_mask.patches._wrap import argument, with_argument
 from vllm_sampling_mask.sampling_mask import SamplingMask
 from vllm_sampling_mask.validation import LOGPROBS_ARG, MASK_ARG
 
@@ -212,6 +211,22 @@ async def recording(results: AsyncIterator, final: dict):
             yield res
     finally:
         await results.aclose()
+
+
+async def full_response_with_masks(wrapped, args, kwargs, response_type):
+    """Run a route's full-response generator (`wrapped`, whose arguments name
+    `request` and `result_generator`), recording each choice's final output, then
+    set every choice's mask (and support logprobs) in the request's wire format.
+    A response of another type (an error) is returned as it is."""
+    final = {}
+    args, kwargs = with_argument(wrapped, args, kwargs, "result_generator",
+                                 lambda results: recording(results, final))
+    response = await wrapped(*args, **kwargs)
+    if isinstance(response, response_type):
+        packed = packed_format(argument(wrapped, args, kwargs, "request"))
+        for choice in response.choices:
+            set_choice_mask(choice, final[choice.index], packed)
+    return response
 
 
 class StreamMasks:

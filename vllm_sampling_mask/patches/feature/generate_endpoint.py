@@ -38,8 +38,8 @@ from collections.abc import AsyncGenerator
 from vllm_sampling_mask.config import serving_mask_enabled
 from vllm_sampling_mask.errors import SamplingMaskGenerationError
 from vllm_sampling_mask.patches._http import (StreamMasks, asks_logprobs, forward_body_field,
-                                              set_choice_mask,
-                                              open_stream, packed_format, recording)
+                                              full_response_with_masks, open_stream,
+                                              packed_format)
 from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps
 
 
@@ -64,18 +64,11 @@ def apply(module) -> None:
 
     @wraps(module, "ServingTokens.serve_tokens_full_generator")
     async def serve_tokens_full_generator(wrapped, self, args, kwargs):
-        final = {}
-        args, kwargs = with_argument(wrapped, args, kwargs, "result_generator",
-                                   lambda results: recording(results, final))
         try:
-            response = await wrapped(*args, **kwargs)
+            return await full_response_with_masks(wrapped, args, kwargs,
+                                                  module.GenerateResponse)
         except SamplingMaskGenerationError as exc:
             return self.create_error_response(exc)
-        if isinstance(response, module.GenerateResponse):
-            packed = packed_format(argument(wrapped, args, kwargs, "request"))
-            for choice in response.choices:
-                set_choice_mask(choice, final[choice.index], packed)
-        return response
 
     @wraps(module, "ServingTokens.serve_tokens_stream_generator")
     def serve_tokens_stream_generator(wrapped, self, args, kwargs):

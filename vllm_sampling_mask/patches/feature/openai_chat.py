@@ -22,8 +22,7 @@ from __future__ import annotations
 
 from vllm_sampling_mask.config import serving_mask_enabled
 from vllm_sampling_mask.patches._http import (StreamMasks, asks_logprobs, create_with_masks,
-                                              set_choice_mask,
-                                              packed_format, recording)
+                                              full_response_with_masks, packed_format)
 from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps
 
 
@@ -34,15 +33,8 @@ def apply(module) -> None:
 
     @wraps(module, "OpenAIServingChat.chat_completion_full_generator")
     async def chat_completion_full_generator(wrapped, self, args, kwargs):
-        final = {}
-        args, kwargs = with_argument(wrapped, args, kwargs, "result_generator",
-                                   lambda results: recording(results, final))
-        response = await wrapped(*args, **kwargs)
-        if isinstance(response, module.ChatCompletionResponse):
-            packed = packed_format(argument(wrapped, args, kwargs, "request"))
-            for choice in response.choices:
-                set_choice_mask(choice, final[choice.index], packed)
-        return response
+        return await full_response_with_masks(wrapped, args, kwargs,
+                                              module.ChatCompletionResponse)
 
     @wraps(module, "OpenAIServingChat.chat_completion_stream_generator")
     def chat_completion_stream_generator(wrapped, self, args, kwargs):
