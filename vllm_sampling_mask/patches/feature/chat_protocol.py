@@ -2,19 +2,19 @@
 `choices[].sampling_mask` out.
 
 What: in `vllm/entrypoints/openai/chat_completion/protocol.py`, replaces
-    `ChatCompletionRequest` with a subclass that declares the body field
-    `return_sampling_mask: bool | None` (strict: "yes" is a 400 naming it)
-    and `sampling_mask_format: "lists" | "packed" | None` (the packed wire, any
-    other value a 400 naming it) and
-    whose `to_sampling_params` puts it into the request's
-    `SamplingParams.extra_args["return_sampling_mask"]` (other extra args kept;
-    absent leaves them alone), where the input processor decides; and
-    `ChatCompletionResponseChoice` / `ChatCompletionResponse` with subclasses
-    that declare `sampling_mask: list[list[int]] | None` (the response class
-    too: pydantic serialises a list field by its declared item type). The names
-    are replaced as the module finishes executing, so the route (`api_router`)
-    parses the subclass and the serving module builds the subclasses. The
-    `openai_chat` patch fills the field.
+    `ChatCompletionRequest` with a subclass that declares the body fields
+    `return_sampling_mask: bool | None` and `return_sampling_mask_logprobs: bool |
+    None` (strict: "yes" is a 400 naming it) and `sampling_mask_format: "lists" |
+    "packed" | None` (any other value a 400 naming it), and whose
+    `to_sampling_params` puts the two switches into the request's
+    `SamplingParams.extra_args` (other extra args kept; absent leaves them alone),
+    where the input processor decides; and `ChatCompletionResponseChoice` / `ChatCompletionResponse` with
+    subclasses that declare `sampling_mask` (lists, or the packed object),
+    `sampling_mask_logprobs` and `sampling_mask_log_kept` (the response class too:
+    pydantic serialises a list field by its declared item type); all through
+    `_http.declare_openai_fields`. The names are replaced as the module finishes
+    executing, so the route (`api_router`) parses the subclass and the serving
+    module builds the subclasses. The `openai_chat` patch fills the fields.
 Why: the per-request choice must reach the engine from the OpenAI client
     (`extra_body={"return_sampling_mask": ...}`), and the mask must reach it back.
 Remove when: upstream vLLM PR #49577 (sampling masks upstream, vLLM 0.28)
