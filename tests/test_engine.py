@@ -3,7 +3,8 @@
 One engine per runner (the module's tests run on each in turn): V1 natively, and
 Model Runner V2 through Triton's interpreter. Demo model, float32, the mask on,
 processed logprobs, a 64-token prefill budget (long prompts are chunked), prefix
-caching (upstream default), a KV cache small enough that the preemption test
+caching (upstream default), a KV cache small enough (9 blocks of 32: one max_model_len,
+plus the null block 0.32 reserves; 0.32 on CPU takes multiples of 32) that the preemption test
 really preempts, and --max-sampling-mask-size 128 (so the size limit can trip). The V1 engine also has a custom logits processor
 (`ban_ids_processor.BanIdsProcessor`), which V1 applies inside its sampler; Model
 Runner V2 has no custom processors.
@@ -31,7 +32,7 @@ RUNNERS = ["v1", "mrv2"]
 @pytest.fixture(scope="module", params=RUNNERS)
 def llm(request):
     kwargs = dict(ENGINE_KWARGS, max_model_len=256, max_num_batched_tokens=64,
-                  max_num_seqs=8, num_gpu_blocks_override=16, block_size=16,
+                  max_num_seqs=8, num_gpu_blocks_override=9, block_size=32,
                   max_logprobs=64, disable_log_stats=False, max_sampling_mask_size=128)
     if request.param == "v1":
         kwargs["logits_processors"] = [BanIdsProcessor]

@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 # The vLLM releases this overlay is written for (the version guard's list, and
 # every patch record's default `versions`): adding a release is a change here
 # and in the records of the patches that differ.
-SUPPORTED_VLLM: tuple[str, ...] = ("0.27.1",)
+SUPPORTED_VLLM: tuple[str, ...] = ("0.27.1", "0.32.0")
 UPSTREAM_VERSION = SUPPORTED_VLLM[-1]  # the newest supported release
 
 DEMO_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_model")

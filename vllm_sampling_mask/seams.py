@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Iterator, Union
 
 __all__ = ["Function", "Name", "Fields", "SourceUses", "Entry", "SEAMS", "for_version",
-           "entries", "applies"]
+           "entries", "applies", "patch_applies"]
 
 Versions = Union[tuple[str, ...], None]
 
@@ -76,10 +76,24 @@ def applies(entry: Entry, version: str | None) -> bool:
     return version.split("+")[0] in entry.versions
 
 
+def patch_applies(patch: str, version: str | None) -> bool:
+    """Whether the patch's registry record is applied on vLLM `version`: a patch
+    written for other releases has no contract with this one (its entries are
+    left out, whatever their own `versions`)."""
+    from vllm_sampling_mask.patches import REGISTRY
+
+    record = REGISTRY.get(patch)
+    if record is None or version is None:
+        return True
+    return version.split("+")[0] in record.versions
+
+
 def entries(kind: type | None = None, version: str | None = None
             ) -> Iterator[tuple[str, Entry]]:
     """(patch, entry) for every entry of `kind` that applies to `version`."""
     for patch, rows in SEAMS.items():
+        if not patch_applies(patch, version):
+            continue
         for entry in rows:
             if (kind is None or isinstance(entry, kind)) and applies(entry, version):
                 yield patch, entry
@@ -89,6 +103,8 @@ def for_version(version: str | None) -> dict[str, tuple[Entry, ...]]:
     """patch -> the entries that apply to `version` (patches without any are left out)."""
     out: dict[str, tuple[Entry, ...]] = {}
     for patch, rows in SEAMS.items():
+        if not patch_applies(patch, version):
+            continue
         kept = tuple(e for e in rows if applies(e, version))
         if kept:
             out[patch] = kept
@@ -114,6 +130,10 @@ def _s(module: str, name: str, *uses: str, versions: Versions = None) -> SourceU
 GPU = "vllm.v1.worker.gpu"
 CPU_MOE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
 API_SERVER = "vllm.entrypoints.openai.api_server"
+EXC_REGISTER = "vllm.entrypoints.serve.exception_handling.register"
+EXC_HANDLERS = "vllm.entrypoints.serve.exception_handling.handlers"
+V0_27 = ("0.27.1",)
+V0_32 = ("0.32.0",)
 # Where a runner adapter asks whether its worker is the executor's output rank
 # (`patches/_runner.py`): the groups, and the executor's own definition of that rank.
 _PS = "vllm.distributed.parallel_state"
@@ -142,6 +162,7 @@ TKTP = "vllm.v1.sample.ops.topk_topp_sampler"
 _PROCESS_INPUTS = ("self", "request_id", "prompt", "params", "supported_tasks",
                    "arrival_time", "lora_request", "tokenization_kwargs", "trace_headers",
                    "priority", "data_parallel_rank", "resumable")
+_PROCESS_INPUTS_032 = (*_PROCESS_INPUTS, "session_id", "kv_hints")
 
 SEAMS: dict[str, tuple[Entry, ...]] = {
     # -- packaging ---------------------------------------------------------------------
@@ -205,7 +226,8 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _f(IP, "InputProcessor._validate_params", "self", "params", "supported_tasks"),
         _f(IP, "InputProcessor._validate_model_input", "self", "prompt_input",
            "prompt_type"),
-        _f(IP, "InputProcessor.process_inputs", *_PROCESS_INPUTS),
+        _f(IP, "InputProcessor.process_inputs", *_PROCESS_INPUTS, versions=V0_27),
+        _f(IP, "InputProcessor.process_inputs", *_PROCESS_INPUTS_032, versions=V0_32),
         _n("vllm.config.model", "ModelConfig.get_vocab_size"),
         _n("vllm.sampling_params", "SamplingParams.bad_words_token_ids"),
         _n("vllm.sampling_params", "SamplingParams.__struct_fields__"),
@@ -255,13 +277,18 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     ),
     "request_validation": (
         _f(IP, "InputProcessor._validate_params", "self", "params", "supported_tasks"),
-        _f(IP, "InputProcessor.process_inputs", *_PROCESS_INPUTS),
+        _f(IP, "InputProcessor.process_inputs", *_PROCESS_INPUTS, versions=V0_27),
+        _f(IP, "InputProcessor.process_inputs", *_PROCESS_INPUTS_032, versions=V0_32),
     ),
     # -- the mask's path: sampler -> runner output -> scheduler -> client -> user ----------
     "sampler": (
         _f(f"{GPU}.sample.sampler", "Sampler.sample", "self", "logits",
            "expanded_idx_mapping", "idx_mapping_np", "pos", "input_ids",
-           "expanded_local_pos", "return_logprobs"),
+           "expanded_local_pos", "return_logprobs", versions=V0_27),
+        _f(f"{GPU}.sample.sampler", "Sampler.sample", "self", "logits",
+           "expanded_idx_mapping", "idx_mapping", "idx_mapping_np", "pos", "input_ids",
+           "expanded_local_pos", "seq_lens_upper_bound_np", "return_logprobs",
+           versions=V0_32),
         _f(f"{GPU}.sample.sampler", "Sampler.__call__", "self", "logits", "input_batch"),
         _d(f"{GPU}.sample.output", "SamplerOutput", "sampled_token_ids"),
         _s(f"{GPU}.sample.sampler", "Sampler.__init__", "self.sampling_states",
@@ -276,7 +303,9 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     ),
     "runner": (
         _f(f"{GPU}.model_runner", "GPUModelRunner.load_model", "self",
-           "load_dummy_weights", "args", "kwargs"),
+           "load_dummy_weights", "args", "kwargs", versions=V0_27),
+        _f(f"{GPU}.model_runner", "GPUModelRunner.load_model", "self",
+           "load_dummy_weights", "args", "model", "kwargs", versions=V0_32),
         _f(f"{GPU}.model_runner", "GPUModelRunner._dummy_sampler_run", "self",
            "hidden_states"),
         _f(f"{GPU}.model_runner", "GPUModelRunner._remove_request", "self", "req_id"),
@@ -289,7 +318,10 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     "async_output": (
         _f(f"{GPU}.async_utils", "AsyncOutput.__init__", "self", "model_runner_output",
            "sampler_output", "num_sampled_tokens", "main_stream", "copy_stream",
-           "check_ep_fault"),
+           "check_ep_fault", versions=V0_27),
+        _f(f"{GPU}.async_utils", "AsyncOutput.__init__", "self", "model_runner_output",
+           "sampler_output", "num_sampled_tokens", "main_stream", "copy_stream",
+           "check_ep_fault", "pending_aux_output", versions=V0_32),
         _f(f"{GPU}.async_utils", "AsyncOutput.get_output", "self"),
         _f(f"{GPU}.async_utils", "stream", "to_stream", "from_stream"),
         _s(f"{GPU}.async_utils", "AsyncOutput.__init__", "self.num_sampled_tokens_np",
@@ -344,7 +376,9 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     ),
     "output_processor": (
         _f(OP, "OutputProcessor.process_outputs", "self", "engine_core_outputs",
-           "engine_core_timestamp", "iteration_stats"),
+           "engine_core_timestamp", "iteration_stats", versions=V0_27),
+        _f(OP, "OutputProcessor.process_outputs", "self", "engine_core_outputs",
+           "engine_core_timestamp", "iteration_stats", "weight_version", versions=V0_32),
         _f(OP, "RequestState.from_new_request", "tokenizer", "request", "prompt",
            "parent_req", "request_index", "queue", "log_stats", "stream_interval"),
         _f(OP, "RequestState._new_completion_output", "self", "token_ids",
@@ -357,8 +391,18 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _d("vllm.outputs", "CompletionOutput", "index", "token_ids", "finish_reason"),
     ),
     # -- the HTTP routes -----------------------------------------------------------------
-    "generate_protocol": tuple(_n(TITO_P, name) for name in (
-        "GenerateRequest", "GenerateResponseChoice", "GenerateResponse")),
+    "generate_protocol": (
+        _n(TITO_P, "GenerateRequest"),
+        *(_n(TITO_P, name, versions=V0_27) for name in (
+            "GenerateResponseChoice", "GenerateResponse")),
+        # 0.32: one response and choice class per output mode, streamed or not
+        *(_d(TITO_P, f"Generate{mode}{kind}Choice", "index", "token_ids", "sampling_mask",
+             versions=V0_32)
+          for mode in ("Tokens", "Text") for kind in ("", "Stream")),
+        *(_d(TITO_P, f"Generate{mode}{kind}Response", "choices", versions=V0_32)
+          for mode in ("Tokens", "Text") for kind in ("", "Stream")),
+        _n(TITO_P, "GenerateResponseBase", versions=V0_32),
+    ),
     "generate_endpoint": (
         _f(TITO, "ServingTokens.serve_tokens", "self", "request", "raw_request"),
         _f(TITO, "ServingTokens.serve_tokens_full_generator", "self", "request",
@@ -366,10 +410,12 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _f(TITO, "ServingTokens.serve_tokens_stream_generator", "self", "request",
            "result_generator", "request_id", "model_name", "request_metadata"),
         # the routes: error responses, and the error events `open_stream` turns into them
-        _n(TITO, "GenerateResponse"),
+        _n(TITO_P, "GenerateResponse", versions=V0_27),
+        _n(TITO_P, "GenerateResponseBase", versions=V0_32),
         _n(TITO, "ServingTokens.create_error_response"),
         _n("vllm.sampling_params", "RequestOutputKind.FINAL_ONLY"),
-        _n("vllm.entrypoints.openai.engine.protocol", "ErrorResponse"),
+        _n("vllm.entrypoints.openai.engine.protocol", "ErrorResponse", versions=V0_27),
+        _n("vllm.entrypoints.serve.engine.protocol", "ErrorResponse", versions=V0_32),
         _n("vllm.exceptions", "VLLMClientError"),
         # `StreamMasks`: each result's outputs are iterated once, each chunk is built from
         # the output being iterated and sent as a `data: {json}` event; the choices of
@@ -377,11 +423,28 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         # what the routes return as HTTP errors.
         _s(TITO, "ServingTokens.serve_tokens_stream_generator",
            "async for res in result_generator", "for output in res.outputs",
-           "i = output.index", 'yield f"data: {chunk.model_dump_json()}\\n\\n"',
+           "i = output.index"),
+        _s(TITO, "ServingTokens.serve_tokens_stream_generator",
+           'yield f"data: {chunk.model_dump_json()}\\n\\n"',
            # sized from the first result: `every_choice_first` hands it every choice
-           "num_generated_tokens = [0] * len(res.outputs)"),
+           "num_generated_tokens = [0] * len(res.outputs)", versions=V0_27),
+        # 0.32: chunks leave out absent fields; counters sized by n (fixed upstream)
+        _s(TITO, "ServingTokens.serve_tokens_stream_generator",
+           'yield f"data: {chunk.model_dump_json(exclude=exclude)}\\n\\n"',
+           "num_generated_tokens = [0] * sampling_params.n", versions=V0_32),
+        _s(TITO, "ServingTokens.serve_tokens",
+           "RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY",
+           versions=V0_32),
         _s(TITO, "ServingTokens.serve_tokens_full_generator", "index=output.index"),
         _s(TITO_R, "generate", "isinstance(generator, ErrorResponse)"),
+    ),
+    "generate_route": (
+        _f("vllm.entrypoints.scale_out.factories", "register_scale_out_api_routers",
+           "app", "supported_tasks", versions=V0_32),
+        _s("vllm.entrypoints.scale_out.factories", "register_scale_out_api_routers",
+           'getattr(args, "enable_scale_out", False)', "disabled_scale_out",
+           'getattr(args, "tokens_only", False)', versions=V0_32),
+        _n(TITO_R, "router", versions=V0_32),
     ),
     "completion_protocol": (
         _f(f"{CMPL}.protocol", "CompletionRequest.to_sampling_params", "self",
@@ -450,11 +513,22 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     # Request errors as people read them: the API server's validation handler, whose
     # answer the patch rewrites, and the serving modules whose loggers it filters.
     "validation_messages": (
-        _f(API_SERVER, "validation_exception_handler", "req", "exc"),
+        _f(API_SERVER, "validation_exception_handler", "req", "exc", versions=V0_27),
         _s(API_SERVER, "build_app",
-           "app.exception_handler(RequestValidationError)(validation_exception_handler)"),
+           "app.exception_handler(RequestValidationError)(validation_exception_handler)",
+           versions=V0_27),
         _s("vllm.entrypoints.serve.utils.server_utils", "validation_exception_handler",
-           "JSONResponse(err.model_dump(), status_code=HTTPStatus.BAD_REQUEST)"),
+           "JSONResponse(err.model_dump(), status_code=HTTPStatus.BAD_REQUEST)",
+           versions=V0_27),
+        # 0.32: the handler has its own module, registered by init_exception_handler
+        _f(EXC_REGISTER, "validation_exception_handler", "req", "exc", versions=V0_32),
+        _s(EXC_REGISTER, "init_exception_handler",
+           "app.exception_handler(RequestValidationError)(validation_exception_handler)",
+           versions=V0_32),
+        _s(f"{EXC_HANDLERS}.validation", "validation_exception_handler",
+           "message = f\"{count} validation {label}:\\n\"",
+           "JSONResponse(err.model_dump(), status_code=HTTPStatus.BAD_REQUEST)",
+           versions=V0_32),
     ),
     "refusal_log": (
         _s("vllm.entrypoints.openai.completion.serving",
@@ -486,8 +560,8 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _s("vllm.v1.engine.core", "EngineCoreProc._handle_client_request",
            "getattr(self, method_name)"),
         _s(SCHED, "Scheduler.__init__", "self.requests:", "self.waiting =",
-           "self.skipped_waiting =", "self.running:", "self.finished_req_ids:",
-           "self.kv_cache_manager = "),
+           "self.running:", "self.finished_req_ids:", "self.kv_cache_manager = "),
+        _s(SCHED, "Scheduler.__init__", "self.skipped_waiting =", versions=V0_27),
         _s("vllm.v1.core.kv_cache_manager", "KVCacheManager.__init__",
            "self.coordinator = ", "self.block_pool = "),
         _s("vllm.v1.core.kv_cache_coordinator", "KVCacheCoordinator.__init__",
@@ -500,7 +574,10 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _s("vllm.v1.core.block_pool", "BlockPool.get_num_free_blocks",
            "free_block_queue"),
         _s("vllm.v1.worker.cpu_worker", "CPUWorker.init_device", "self.model_runner"),
-        _s("vllm.v1.worker.gpu_worker", "Worker.init_device", "self.model_runner"),
+        _s("vllm.v1.worker.gpu_worker", "Worker.init_device", "self.model_runner",
+           versions=V0_27),
+        _s("vllm.v1.worker.gpu_worker", "Worker._init_workspace_and_model_runner",
+           "self.model_runner", versions=V0_32),
         _s(V1, "GPUModelRunner.__init__", "self.requests:", "self.input_batch = "),
         _s(f"{GPU}.model_runner", "GPUModelRunner.__init__", "self.req_states = "),
     ),

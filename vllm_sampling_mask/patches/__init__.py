@@ -17,6 +17,10 @@ from dataclasses import dataclass
 
 from vllm_sampling_mask import SUPPORTED_VLLM
 
+# Release tags for records that apply to some supported releases only.
+V0_27 = ("0.27.1",)
+V0_32 = ("0.32.0",)
+
 
 class Kind(enum.Enum):
     FEATURE = "feature"          # the sampling mask itself
@@ -42,6 +46,8 @@ class Patch:
     remove_when: str
     versions: tuple[str, ...] = SUPPORTED_VLLM
     after: tuple[str, ...] = ()  # patches whose wrappers this one wraps (applied first)
+    # (release, targets) where a release moved the seam to other modules
+    moved: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def module(self) -> str:
@@ -51,6 +57,17 @@ class Patch:
     def target(self) -> str:
         """The module whose import applies it (the first target)."""
         return self.targets[0]
+
+    def targets_for(self, version: str | None) -> tuple[str, ...]:
+        """The upstream modules of the seam in vLLM `version` (None: the first
+        supported release's)."""
+        return dict(self.moved).get(version, self.targets)
+
+    @property
+    def hook_targets(self) -> tuple[str, ...]:
+        """Every module whose import may apply it, over all releases (the hooks are
+        installed before the vLLM release is known)."""
+        return tuple(dict.fromkeys([self.target] + [t[0] for _, t in self.moved]))
 
 
 F, X, E, D = Kind.FEATURE, Kind.FIX, Kind.ENABLER, Kind.DIAGNOSTIC
@@ -80,12 +97,15 @@ _RECORDS = (
           NONE_KNOWN + "V1 CPU sampler ignores per-request seeds when the batch mixes "
           "seeded and unseeded/greedy rows (TopKTopPSampler.forward_cpu, "
           "len(generators) != logits.shape[0])",
-          "upstream's forward_cpu draws seeded rows from their generators in mixed batches"),
+          "upstream's forward_cpu draws seeded rows from their generators in mixed batches "
+          "(0.32 does: per-row SplitMix64 seeds)", versions=V0_27),
     Patch("cpu_moe_float32_amx", ("vllm.model_executor.layers.fused_moe.cpu_fused_moe",),
           WORKER, X,
           NONE_KNOWN + "float32 MoE refused on AMX CPUs with a misleading alignment error "
           "(CPUFusedMOE.check_grouped_gemm raises for any non-bfloat16 dtype with AMX)",
-          "upstream's check falls back to the non-AMX kernels for other dtypes"),
+          "upstream's check falls back to the non-AMX kernels for other dtypes (0.32 does: "
+          "its AMX experts declare bfloat16 only and the oracle picks another)",
+          versions=V0_27),
     Patch("token_id_validation", (INPUT,), API, X,
           NONE_KNOWN + "token ids out of the model's vocabulary kill the engine "
           "(prompt id == vocab size, stop_token_ids unchecked, 64-bit overflow is a 500)",
@@ -105,7 +125,8 @@ _RECORDS = (
           NONE_KNOWN + "schema 400s carry Python reprs of pydantic's errors and a "
           "character offset as `param` for malformed JSON "
           "(serve/utils/server_utils.validation_exception_handler)",
-          "upstream words schema errors per field and keeps `param` a field name"),
+          "upstream words schema errors per field and keeps `param` a field name",
+          moved=(("0.32.0", ("vllm.entrypoints.serve.exception_handling.register",)),)),
     Patch("refusal_log", ("vllm.entrypoints.openai.api_server",), API, X,
           NONE_KNOWN + "a refused streamed request logs a 29-line traceback "
           "('Error in completion stream generator') for a clean HTTP 400",
@@ -118,7 +139,9 @@ _RECORDS = (
           "none: interpreter gap (tl.range yields Python ints)",
           "Triton's interpreter yields tensors from tl.range"),
     Patch("interpreter_libdevice", (f"{GPU}.sample.gumbel",), WORKER, E,
-          "none: interpreter gap (libdevice stubs)", "Triton's interpreter implements libdevice"),
+          "none: interpreter gap (libdevice stubs)",
+          "Triton's interpreter implements libdevice (0.32's gumbel.py no longer uses it)",
+          versions=V0_27),
     Patch("interpreter_patch_cache", ("triton.runtime.interpreter",), WORKER, E,
           "none: interpreter speed", "Triton's interpreter caches its language patching"),
     Patch("interpreter_dummy_run", (f"{GPU}.model_runner",), WORKER, E,
@@ -153,6 +176,10 @@ _RECORDS = (
     Patch("generate_endpoint", ("vllm.entrypoints.scale_out.token_in_token_out.serving",),
           API, F, MASK_PR + "; n > 1 on /inference/v1/generate: " + NONE_KNOWN
           + "n > 1 returns one choice / mixes children", MASK_GONE + ", and n > 1 is fixed"),
+    Patch("generate_route", ("vllm.entrypoints.scale_out.factories",), API, F,
+          "none: vLLM 0.32 serves the route only with --enable-scale-out",
+          "upstream serves /inference/v1/generate with its sampling-mask flag",
+          versions=V0_32),
     Patch("completion_protocol", ("vllm.entrypoints.openai.completion.protocol",), API, F,
           MASK_PR, MASK_GONE),
     Patch("openai_completions", ("vllm.entrypoints.openai.completion.serving",), API, F,

@@ -325,8 +325,9 @@ async def open_stream(events: AsyncIterator[str]):
     there (the input processor refused the request, or its first step failed)
     becomes the HTTP error response (`ErrorResponse`, status = its code), as for
     a request that is not streamed; otherwise the stream goes on unchanged."""
-    from vllm.entrypoints.openai.engine.protocol import ErrorResponse
+    from vllm_sampling_mask.patches._moved import upstream
 
+    ErrorResponse = upstream("ErrorResponse")
     try:
         first = await anext(events)
     except StopAsyncIteration:

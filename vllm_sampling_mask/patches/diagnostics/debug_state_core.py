@@ -68,6 +68,9 @@ def worker_state(worker) -> dict:
     return {"runner": type(runner).__name__}
 
 
+QUEUES = ("requests", "running", "waiting", "skipped_waiting", "finished_req_ids")
+
+
 def engine_state(core) -> dict:
     """Per-request state of an `EngineCore` (runs in the engine-core process,
     between steps)."""
@@ -76,13 +79,9 @@ def engine_state(core) -> dict:
     managers = kv.coordinator.single_type_managers
     pool = kv.block_pool
     return {
-        "scheduler": {
-            "requests": len(sched.requests),
-            "running": len(sched.running),
-            "waiting": len(sched.waiting),
-            "skipped_waiting": len(sched.skipped_waiting),
-            "finished_req_ids": len(sched.finished_req_ids),
-        },
+        # the queues the release has (0.32 folded `skipped_waiting` into `waiting`)
+        "scheduler": {queue: len(getattr(sched, queue)) for queue in QUEUES
+                      if hasattr(sched, queue)},
         "kv_cache": {
             "req_to_blocks": sum(len(m.req_to_blocks) for m in managers),
             "num_cached_block": sum(len(m.num_cached_block) for m in managers),

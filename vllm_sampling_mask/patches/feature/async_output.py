@@ -6,7 +6,7 @@ What: in `vllm/v1/worker/gpu/async_utils.py`, declares
     this output's copy event, and handed over; None for a runner without
     masks) and wraps `AsyncOutput.get_output`: after that event (upstream
     waits for it), it decodes the copy on the host (no device work) into the
-    declared field `ModelRunnerOutput.sampling_masks` (`transport.StepMasks`,
+    declared field `ModelRunnerOutput.sampling_mask_step` (`transport.StepMasks`,
     one row per `req_ids` entry; rows that sampled no token this step are
     empty). A runner with masks whose output has none is refused by the
     scheduler (`scheduler` patch).
@@ -29,5 +29,5 @@ def apply(module) -> None:
         output = wrapped(*args, **kwargs)  # waits for the copy event
         copy, self.sampling_mask_copy = self.sampling_mask_copy, None
         if copy is not None:
-            output.sampling_masks = copy.result(self.num_sampled_tokens_np)
+            output.sampling_mask_step = copy.result(self.num_sampled_tokens_np)
         return output

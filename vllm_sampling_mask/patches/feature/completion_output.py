@@ -1,12 +1,17 @@
 """`CompletionOutput.sampling_mask` (and `sampling_mask_error`), merged on aggregation.
 
 What: in `vllm/outputs.py`, adds the dataclass fields
-    `sampling_mask: SamplingMask | None = None` and
-    `sampling_mask_error: str | None = None` (why the mask path ended this
+    `sampling_mask: SamplingMask | None = None` (0.27.1; vLLM 0.32 declares it)
+    and `sampling_mask_error: str | None = None` (why the mask path ended this
     completion; its finish_reason is then "error") to `CompletionOutput`,
-    exports `SamplingMask` from `vllm.outputs`, and wraps `RequestOutput.add`
-    so that aggregating DELTA outputs (a consumer that fell behind) joins
-    their masks exactly as upstream joins their `token_ids`.
+    exports the overlay's `SamplingMask` as `vllm.outputs.SamplingMask` (on
+    0.32 in place of upstream's one-field dataclass: ours takes its
+    constructor, `SamplingMask(token_ids)` / `SamplingMask(token_ids=...)`,
+    and reads `.token_ids` alike, so code written for upstream's keeps
+    working), and wraps `RequestOutput.add` so that aggregating DELTA outputs
+    (a consumer that fell behind) joins their masks exactly as upstream joins
+    their `token_ids` (0.32's own merge extends a list our `.token_ids`
+    builds afresh, so the wrapper's join is what counts there too).
 Why: the completion is what users read; real fields keep `replace` and the
     constructor working. Both None for a request without a mask.
 Remove when: upstream has the field (vLLM #49577).

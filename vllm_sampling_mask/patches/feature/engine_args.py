@@ -1,12 +1,16 @@
 """The engine flag: `EngineArgs.return_sampling_mask` and `--return-sampling-mask`.
 
-What: adds the dataclass fields `return_sampling_mask: bool = False` and
-    `max_sampling_mask_size: int = 4096` to `EngineArgs` (and
-    `AsyncEngineArgs`), so `LLM(..., return_sampling_mask=True)` and
+What: adds the dataclass fields `return_sampling_mask: bool = False` (0.27.1;
+    vLLM 0.32 has it) and `max_sampling_mask_size: int = 4096` to `EngineArgs`
+    (and `AsyncEngineArgs`), so `LLM(..., return_sampling_mask=True)` and
     `EngineArgs.from_cli_args` accept them; adds the documented CLI flags
-    `--return-sampling-mask` and `--max-sampling-mask-size` to the ModelConfig
-    group; copies the values onto the `ModelConfig` that `create_model_config`
-    builds; and, in
+    `--return-sampling-mask` (0.27.1; on 0.32 upstream's option gets this
+    help text) and `--max-sampling-mask-size` to the ModelConfig group; copies
+    the values onto the `ModelConfig` that `create_model_config` builds
+    (`overlay_sampling_mask`; on 0.32 upstream's own `return_sampling_mask`
+    is left False there, so its Model-Runner-V2-only machinery, its config
+    checks and its request checks stay off and the overlay's runs instead:
+    `UPSTREAM_MASK`); and, in
     `create_engine_config`, refuses configurations the mask cannot be exact
     under (`validation.startup_errors`), with one ValueError listing each
     reason and its fix.
@@ -26,6 +30,11 @@ from vllm_sampling_mask.patches._dataclass import add_field
 from vllm_sampling_mask.patches._wrap import wraps
 from vllm_sampling_mask.validation import DEFAULT_MAX_SIZE, startup_errors
 
+# Whether the release has a sampling mask of its own (vLLM #49577, 0.28 on): the
+# `return_sampling_mask` field and option exist, and `ModelConfig.return_sampling_mask`
+# switches on upstream's extraction, transport and checks.
+UPSTREAM_MASK = {"0.27.1": False, "0.32.0": True}
+
 SIZE_HELP = (
     "With --return-sampling-mask: the widest support, in ids, one step may return "
     f"(default {DEFAULT_MAX_SIZE}). A request with return_sampling_mask=true and a "
@@ -43,9 +52,13 @@ HELP = (
 
 
 def apply(module) -> None:
+    from vllm_sampling_mask.patching import upstream_release
+
+    upstream_mask = UPSTREAM_MASK[upstream_release()]
     EngineArgs = module.EngineArgs
-    add_field(EngineArgs, "return_sampling_mask", bool, False,
-              subclasses=(module.AsyncEngineArgs,))
+    if not upstream_mask:
+        add_field(EngineArgs, "return_sampling_mask", bool, False,
+                  subclasses=(module.AsyncEngineArgs,))
     add_field(EngineArgs, "max_sampling_mask_size", int, DEFAULT_MAX_SIZE,
               subclasses=(module.AsyncEngineArgs,))
 
@@ -54,9 +67,14 @@ def apply(module) -> None:
         parser = wrapped(*args, **kwargs)
         group = next((g for g in parser._action_groups if g.title == "ModelConfig"),
                      parser)
-        group.add_argument("--return-sampling-mask",
-                           action=argparse.BooleanOptionalAction, default=False,
-                           help=HELP)
+        if upstream_mask:   # upstream's option, with what it now does
+            for action in parser._actions:
+                if "--return-sampling-mask" in action.option_strings:
+                    action.help = HELP
+        else:
+            group.add_argument("--return-sampling-mask",
+                               action=argparse.BooleanOptionalAction, default=False,
+                               help=HELP)
         group.add_argument("--max-sampling-mask-size", type=int,
                            default=DEFAULT_MAX_SIZE, help=SIZE_HELP)
         return parser
@@ -64,7 +82,10 @@ def apply(module) -> None:
     @wraps(module, "EngineArgs.create_model_config")
     def create_model_config(wrapped, self, args, kwargs):
         model_config = wrapped(*args, **kwargs)
-        model_config.return_sampling_mask = bool(self.return_sampling_mask)
+        model_config.overlay_sampling_mask = bool(self.return_sampling_mask)
+        # upstream's own switch: off where the release has a mask of its own
+        model_config.return_sampling_mask = (bool(self.return_sampling_mask)
+                                             and not upstream_mask)
         model_config.max_sampling_mask_size = int(self.max_sampling_mask_size)
         return model_config
 

@@ -21,9 +21,12 @@ What: in `vllm/entrypoints/scale_out/token_in_token_out/serving.py`, wraps
     carrying that message, or an error event in a stream; never a choice
     without its mask.
 Why: the token-in/token-out endpoint is the RL trainers' way in.
-Remove when: upstream vLLM PR #49577 (sampling masks upstream, vLLM 0.28)
-    returns the mask from this endpoint, and upstream's n > 1 handling on this
-    endpoint is fixed (both n > 1 bugs are present in 0.27.1).
+Remove when: upstream returns the per-request, packed and support-logprob
+    masks from this endpoint (0.32 returns lists engine-wide only; its own
+    filling, from `CompletionOutput.sampling_mask.token_ids`, is overwritten
+    here in the request's format). Both n > 1 bugs are present in 0.27.1 and
+    fixed in 0.32 (FINAL_ONLY for every non-streamed request; stream counters
+    sized by `sampling_params.n`): `N_FIXES` applies them on 0.27.1 only.
 Upstream: the mask, vLLM #49577. The two n > 1 fixes (upstream bugs, kept in
     this module because they change the same three wrappers): no issue or PR
     known; would file "/inference/v1/generate: n > 1 returns fewer than n
@@ -42,9 +45,21 @@ from vllm_sampling_mask.patches._http import (StreamMasks, asks_logprobs, forwar
                                               packed_format)
 from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps
 
+# Whether the release has the two n > 1 bugs of this endpoint.
+N_FIXES = {"0.27.1": True, "0.32.0": False}
+# The class every full response of the route is an instance of (protocol module).
+RESPONSE = {"0.27.1": "GenerateResponse", "0.32.0": "GenerateResponseBase"}
+
 
 def apply(module) -> None:
     from vllm.sampling_params import RequestOutputKind
+
+    from vllm_sampling_mask.patching import upstream_release
+
+    from vllm.entrypoints.scale_out.token_in_token_out import protocol
+
+    n_fixes = N_FIXES[upstream_release()]
+    response_type = getattr(protocol, RESPONSE[upstream_release()])
 
     @wraps(module, "ServingTokens.serve_tokens")
     async def serve_tokens(wrapped, self, args, kwargs):
@@ -52,7 +67,7 @@ def apply(module) -> None:
         forward_body_field(request.sampling_params, request.return_sampling_mask,
                            request.return_sampling_mask_logprobs)
         on = serving_mask_enabled(self)
-        if (on or request.sampling_params.n > 1) and not request.stream:
+        if (on or (n_fixes and request.sampling_params.n > 1)) and not request.stream:
             # One final output holding every child of n > 1.
             request.sampling_params.output_kind = RequestOutputKind.FINAL_ONLY
         result = await wrapped(*args, **kwargs)
@@ -65,15 +80,14 @@ def apply(module) -> None:
     @wraps(module, "ServingTokens.serve_tokens_full_generator")
     async def serve_tokens_full_generator(wrapped, self, args, kwargs):
         try:
-            return await full_response_with_masks(wrapped, args, kwargs,
-                                                  module.GenerateResponse)
+            return await full_response_with_masks(wrapped, args, kwargs, response_type)
         except SamplingMaskGenerationError as exc:
             return self.create_error_response(exc)
 
     @wraps(module, "ServingTokens.serve_tokens_stream_generator")
     def serve_tokens_stream_generator(wrapped, self, args, kwargs):
         request = argument(wrapped, args, kwargs, "request")
-        n = request.sampling_params.n
+        n = request.sampling_params.n if n_fixes else 1
         if not serving_mask_enabled(self):
             if n > 1:
                 args, kwargs = with_argument(wrapped, args, kwargs, "result_generator",

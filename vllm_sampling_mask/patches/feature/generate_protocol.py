@@ -5,16 +5,19 @@ What: in `vllm/entrypoints/scale_out/token_in_token_out/protocol.py`, replaces
     `GenerateRequest` with a subclass that declares the top-level body field
     `return_sampling_mask: bool | None` (strict: "yes" is a 400 naming it;
     upstream's model ignores unknown fields) and `sampling_mask_format:
-    "lists" | "packed" | None` (any other value a 400 naming it), and `GenerateResponseChoice` /
-    `GenerateResponse` with subclasses that declare
-    `sampling_mask: list[list[int]] | <packed object> | None` (the response class too: pydantic
+    "lists" | "packed" | None` (any other value a 400 naming it), and each
+    choice class with its response class (`CHOICES`, per release) with
+    subclasses that declare `sampling_mask: list[list[int]] | <packed object> |
+    None` and the support-logprob fields (the response class too: pydantic
     serialises a list field by its declared item type). The names are replaced
     as the module finishes executing, so the route (`api_router`) parses the
     subclass and the serving module builds the subclasses. The
     `generate_endpoint` patch forwards the field and fills the response.
-Why: the token-in/token-out endpoint is the RL trainers' way in.
-Remove when: upstream vLLM PR #49577 (sampling masks upstream, vLLM 0.28)
-    declares these fields.
+Why: the token-in/token-out endpoint is the RL trainers' way in. vLLM 0.32
+    declares `sampling_mask: list[list[int]] | None` on its choices itself
+    (engine-wide, lists only); the subclasses widen it to the packed object.
+Remove when: upstream declares a per-request switch, the packed format and the
+    support logprobs.
 """
 
 from __future__ import annotations
@@ -23,21 +26,34 @@ from vllm_sampling_mask.patches._http import (BodyField, FormatField, LogKeptFie
                                               LogprobsField, MaskField, body_field,
                                               format_field, logprobs_field)
 
+# response class -> its choice class, per vLLM release (0.32 split the response by
+# `output_mode` and streamed chunks got classes of their own)
+CHOICES = {
+    "0.27.1": {"GenerateResponse": "GenerateResponseChoice"},
+    "0.32.0": {"GenerateTokensResponse": "GenerateTokensChoice",
+               "GenerateTextResponse": "GenerateTextChoice",
+               "GenerateTokensStreamResponse": "GenerateTokensStreamChoice",
+               "GenerateTextStreamResponse": "GenerateTextStreamChoice"},
+}
+
 
 def apply(module) -> None:
+    from vllm_sampling_mask.patching import upstream_release
+
     class GenerateRequest(module.GenerateRequest):
         return_sampling_mask: BodyField = body_field()
         sampling_mask_format: FormatField = format_field()
         return_sampling_mask_logprobs: BodyField = logprobs_field()
 
-    class GenerateResponseChoice(module.GenerateResponseChoice):
-        sampling_mask: MaskField = None
-        sampling_mask_logprobs: LogprobsField = None
-        sampling_mask_log_kept: LogKeptField = None
-
-    class GenerateResponse(module.GenerateResponse):
-        choices: list[GenerateResponseChoice]
-
     module.GenerateRequest = GenerateRequest
-    module.GenerateResponseChoice = GenerateResponseChoice
-    module.GenerateResponse = GenerateResponse
+    for response, choice in CHOICES[upstream_release()].items():
+        Choice = type(choice, (getattr(module, choice),), {
+            "__annotations__": {"sampling_mask": MaskField,
+                                "sampling_mask_logprobs": LogprobsField,
+                                "sampling_mask_log_kept": LogKeptField},
+            "sampling_mask": None, "sampling_mask_logprobs": None,
+            "sampling_mask_log_kept": None, "__module__": module.__name__})
+        Response = type(response, (getattr(module, response),), {
+            "__annotations__": {"choices": list[Choice]}, "__module__": module.__name__})
+        setattr(module, choice, Choice)
+        setattr(module, response, Response)

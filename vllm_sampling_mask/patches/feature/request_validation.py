@@ -66,10 +66,11 @@ def apply(module) -> None:
 
     @wraps(module, "InputProcessor._validate_params")
     def _validate_params(wrapped, self, args, kwargs):
-        wrapped(*args, **kwargs)
+        result = wrapped(*args, **kwargs)   # 0.32 returns the watermarking decision
         params = argument(wrapped, args, kwargs, "params")
         if isinstance(params, SamplingParams):
             check(self, params)
+        return result
 
     @wraps(module, "InputProcessor.process_inputs")
     def process_inputs(wrapped, self, args, kwargs):

@@ -1,7 +1,7 @@
-"""`ModelRunnerOutput.sampling_masks` and the V1 `SamplerOutput.sampling_mask`.
+"""`ModelRunnerOutput.sampling_mask_step` and the V1 `SamplerOutput.sampling_mask`.
 
 What: in `vllm/v1/outputs.py`, adds the dataclass fields
-    `ModelRunnerOutput.sampling_masks: StepMasks | None = None` (the
+    `ModelRunnerOutput.sampling_mask_step: StepMasks | None = None` (the
     runner-to-scheduler hop, in every process that imports it: the worker
     fills it in `async_output` or `runner_v1`, the scheduler reads it) and
     `SamplerOutput.sampling_mask: DeviceMask | None = None` (the V1 runner's
@@ -17,5 +17,5 @@ from vllm_sampling_mask.transport import StepMasks
 
 
 def apply(module) -> None:
-    add_field(module.ModelRunnerOutput, "sampling_masks", StepMasks | None, None)
+    add_field(module.ModelRunnerOutput, "sampling_mask_step", StepMasks | None, None)
     add_field(module.SamplerOutput, "sampling_mask", DeviceMask | None, None)

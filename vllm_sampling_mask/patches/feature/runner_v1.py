@@ -19,13 +19,13 @@ What: declares `GPUModelRunner.sampling_mask` (None with the flag off) and
       host-side input batch (no device sync) for the sampler, and keeps the
       returned `SamplerOutput.sampling_mask` in the state for `sample_tokens`;
     - `GPUModelRunner.sample_tokens`: on the synchronous path decodes the mask
-      into the declared field `ModelRunnerOutput.sampling_masks`; on the
+      into the declared field `ModelRunnerOutput.sampling_mask_step`; on the
       asynchronous path (CUDA's default) starts a `transport.MaskCopy` on the
       runner's output copy stream (after the main stream), with its own event,
       kept on the declared `AsyncGPUModelRunnerOutput.sampling_mask_copy`; the
       copy holds the device block until read;
     - `AsyncGPUModelRunnerOutput.get_output`: decodes it (after its event, host
-      work only) into `ModelRunnerOutput.sampling_masks`;
+      work only) into `ModelRunnerOutput.sampling_mask_step`;
     - `GPUModelRunner._dummy_sampler_run`: the memory-profiling run extracts
       inside `state.profiling()`, so the KV cache is sized with it included.
     Rows that sampled nothing (partial prefills) decode as empty.
@@ -103,7 +103,7 @@ def apply(module) -> None:
         pool = state.pool if on_cuda else None
         if isinstance(out, ModelRunnerOutput):
             copy = MaskCopy(mask, pool, record_event=on_cuda)
-            out.sampling_masks = copy.result(_lengths(out.sampled_token_ids))
+            out.sampling_mask_step = copy.result(_lengths(out.sampled_token_ids))
         elif isinstance(out, AsyncOutput):
             if on_cuda:
                 stream, main = self.async_output_copy_stream, torch.cuda.current_stream()
@@ -123,7 +123,7 @@ def apply(module) -> None:
         output = wrapped(*args, **kwargs)
         copy, self.sampling_mask_copy = self.sampling_mask_copy, None
         if copy is not None:
-            output.sampling_masks = copy.result(_lengths(output.sampled_token_ids))
+            output.sampling_mask_step = copy.result(_lengths(output.sampled_token_ids))
         return output
 
     @wraps(module, "GPUModelRunner._dummy_sampler_run")

@@ -11,7 +11,7 @@ What: in `vllm/v1/core/sched/scheduler.py`, makes the scheduler build
     anything unexpected) ends *that request* with finish reason ERROR and
     `sampling_mask_error` saying why, carrying no unmasked token; the rest of
     the batch and the engine go on. A step with tokens but no
-    `ModelRunnerOutput.sampling_masks` raises `MissingSamplingMaskError`.
+    `ModelRunnerOutput.sampling_mask_step` raises `MissingSamplingMaskError`.
 Why: the scheduler is where per-step runner rows become per-request outputs;
     slicing after upstream keeps the mask aligned with `new_token_ids` by
     construction, and it can finish a single request cleanly. A request that
@@ -52,7 +52,7 @@ def apply(module) -> None:
         if not mask_enabled(self.vllm_config):
             return outputs
         model_runner_output = argument(wrapped, args, kwargs, "model_runner_output")
-        masks = model_runner_output.sampling_masks
+        masks = model_runner_output.sampling_mask_step
         index = model_runner_output.req_id_to_index
         failed = []
         for engine_outputs in outputs.values():
@@ -63,7 +63,7 @@ def apply(module) -> None:
                     raise MissingSamplingMaskError(
                         "Scheduler.update_from_output",
                         f"request {out.request_id} got tokens but "
-                        "ModelRunnerOutput.sampling_masks is None")
+                        "ModelRunnerOutput.sampling_mask_step is None")
                 try:
                     problem = _attach(out, masks, index[out.request_id])
                 except MissingSamplingMaskError:

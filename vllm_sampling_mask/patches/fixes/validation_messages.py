@@ -1,9 +1,11 @@
 """HTTP 400s for a request body the schema refuses: one sentence naming the parameter.
 
-What: in `vllm/entrypoints/openai/api_server.py`, replaces the name
-    `validation_exception_handler` (imported there from
-    `vllm/entrypoints/serve/utils/server_utils.py`; `build_app` registers it for
-    FastAPI's `RequestValidationError`) with a handler that calls upstream's and
+What: in `vllm/entrypoints/openai/api_server.py` (0.27.1; imported there from
+    `vllm/entrypoints/serve/utils/server_utils.py`, `build_app` registers it) or
+    `vllm/entrypoints/serve/exception_handling/register.py` (0.32.0, where
+    `init_exception_handler` registers it), replaces the name
+    `validation_exception_handler` (FastAPI's `RequestValidationError` handler)
+    with a handler that calls upstream's and
     rewrites its answer's `error.message` and `error.param` with
     `messages.describe(exc.errors())`: e.g. `return_sampling_mask must be true,
     false or null, not 'yes'.` with param `return_sampling_mask`, and, for a body
