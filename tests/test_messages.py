@@ -27,15 +27,21 @@ V = 4096
 def client():
     """The three routes' request models (as patched) behind the API server's patched
     validation handler."""
+    import importlib
+
+    from vllm_sampling_mask.patches import REGISTRY
+
     patching.apply_all()
-    from vllm.entrypoints.openai import api_server
+    # the module whose handler the patch replaced (it moved in 0.32)
+    handlers = importlib.import_module(
+        REGISTRY["validation_messages"].targets_for(patching.upstream_release())[0])
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
     from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateRequest
 
     app = FastAPI()
     app.state.args = Namespace(log_error_stack=False)
-    app.exception_handler(RequestValidationError)(api_server.validation_exception_handler)
+    app.exception_handler(RequestValidationError)(handlers.validation_exception_handler)
 
     @app.post(GEN)
     async def generate(request: GenerateRequest):

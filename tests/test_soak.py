@@ -155,15 +155,15 @@ def test_upstream_build_app_has_the_route_only_with_the_variable(monkeypatch):
     from vllm_sampling_mask import patching
 
     patching.apply_patch("debug_state")
-    from vllm.entrypoints.openai import api_server
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    from vllm_sampling_mask.patches._moved import upstream
     from vllm_sampling_mask.patches.diagnostics import debug_state, debug_state_core
-    args = make_arg_parser(FlexibleArgumentParser()).parse_args([])
+    build_app = upstream("build_app")
+    args = upstream("make_arg_parser")(FlexibleArgumentParser()).parse_args([])
     monkeypatch.delenv(debug_state_core.ENV, raising=False)
-    paths = {r.path for r in api_server.build_app(args, ("generate",)).routes}
+    paths = {r.path for r in build_app(args, ("generate",)).routes}
     assert "/inference/v1/generate" in paths and debug_state.PATH not in paths
     monkeypatch.setenv(debug_state_core.ENV, "1")
-    paths = {r.path for r in api_server.build_app(args, ("generate",)).routes}
+    paths = {r.path for r in build_app(args, ("generate",)).routes}
     assert debug_state.PATH in paths

@@ -69,11 +69,21 @@ class SourceUses:
 Entry = Union[Function, Name, Fields, SourceUses]
 
 
+def release_of(version: str) -> str:
+    """The supported release whose entries describe vLLM `version`: itself (local
+    suffix ignored), or for a release the overlay does not support (the next port,
+    read by `seam_report`), the newest supported one, where that port starts."""
+    from vllm_sampling_mask import SUPPORTED_VLLM
+
+    base = version.split("+")[0]
+    return base if base in SUPPORTED_VLLM else SUPPORTED_VLLM[-1]
+
+
 def applies(entry: Entry, version: str | None) -> bool:
     """Whether `entry` holds for vLLM `version` ("0.27.1", local suffix ignored)."""
     if entry.versions is None or version is None:
         return True
-    return version.split("+")[0] in entry.versions
+    return release_of(version) in entry.versions
 
 
 def patch_applies(patch: str, version: str | None) -> bool:
@@ -85,7 +95,7 @@ def patch_applies(patch: str, version: str | None) -> bool:
     record = REGISTRY.get(patch)
     if record is None or version is None:
         return True
-    return version.split("+")[0] in record.versions
+    return release_of(version) in record.versions
 
 
 def entries(kind: type | None = None, version: str | None = None
@@ -503,10 +513,14 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     # engine-core client, the utility call by name, and the per-request containers it
     # counts in the engine core and the workers.
     "debug_state": (
-        _f(API, "build_app", "args", "supported_tasks", "model_config"),
+        _f(API, "build_app", "args", "supported_tasks", "model_config", versions=V0_27),
+        _f("vllm.entrypoints.launchers.app", "build_app", "args", "supported_tasks",
+           "model_config", versions=V0_32),
         _f("vllm.v1.engine.core_client", "AsyncMPClient.call_utility_async", "self",
            "method", "args"),
-        _s(API, "init_app_state", "state.engine_client = engine_client"),
+        _s(API, "init_app_state", "state.engine_client = engine_client", versions=V0_27),
+        _s("vllm.entrypoints.launchers.api_server.app_state", "init_app_state",
+           "state.engine_client = engine_client", versions=V0_32),
         _s(ALLM, "AsyncLLM.__init__", "self.output_processor = ", "self.engine_core = "),
         _s(OP, "OutputProcessor.__init__", "self.request_states", "self.parent_requests"),
     ),

@@ -79,6 +79,9 @@ GPU = "vllm.v1.worker.gpu"
 V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
 INPUT = "vllm.v1.engine.input_processor"
 TOPK = "vllm.v1.sample.ops.topk_topp_sampler"
+# 0.32: `vllm serve` builds its app here (`vllm.entrypoints.openai.api_server`
+# is a deprecated re-export it never imports)
+APP = "vllm.entrypoints.launchers.app"
 
 _RECORDS = (
     # -- fixes of upstream bugs ------------------------------------------------
@@ -130,7 +133,8 @@ _RECORDS = (
     Patch("refusal_log", ("vllm.entrypoints.openai.api_server",), API, X,
           NONE_KNOWN + "a refused streamed request logs a 29-line traceback "
           "('Error in completion stream generator') for a clean HTTP 400",
-          "upstream's stream generators log client errors without a traceback"),
+          "upstream's stream generators log client errors without a traceback",
+          moved=(("0.32.0", (APP,)),)),
     # -- CPU / Triton-interpreter enablers ------------------------------------
     Patch("interpreter_has_triton", ("vllm.triton_utils.importing",), ANY, E,
           "none: Triton's interpreter is no vLLM backend",
@@ -194,7 +198,8 @@ _RECORDS = (
           "upstream reports the served dtype on a public route"),
     # -- diagnostics -----------------------------------------------------------
     Patch("debug_state", ("vllm.entrypoints.openai.api_server",), API, D,
-          "none: a test aid (upstream has no per-request state endpoint)", "keep"),
+          "none: a test aid (upstream has no per-request state endpoint)", "keep",
+          moved=(("0.32.0", (APP,)),)),
     Patch("debug_state_core", ("vllm.v1.engine.core",), CORE, D,
           "none: a test aid (upstream has no per-request state endpoint)", "keep"),
 )

@@ -13,6 +13,11 @@ import importlib
 LOCATIONS: dict[str, dict[str, str]] = {
     "ErrorResponse": {"0.27.1": "vllm.entrypoints.openai.engine.protocol",
                       "0.32.0": "vllm.entrypoints.serve.engine.protocol"},
+    # `vllm serve`'s argument parser and app (the tests build an app without an engine)
+    "make_arg_parser": {"0.27.1": "vllm.entrypoints.openai.cli_args",
+                        "0.32.0": "vllm.entrypoints.launchers.cli_args"},
+    "build_app": {"0.27.1": "vllm.entrypoints.openai.api_server",
+                  "0.32.0": "vllm.entrypoints.launchers.app"},
 }
 
 

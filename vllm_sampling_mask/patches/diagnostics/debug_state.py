@@ -1,6 +1,7 @@
 """`GET /debug/sampling_mask/state`: how much per-request state the server holds.
 
-What: in `vllm/entrypoints/openai/api_server.py`, wraps `build_app` to add,
+What: in `vllm/entrypoints/openai/api_server.py` (0.27.1; `vllm/entrypoints/launchers/app.py`
+    on 0.32, where `vllm serve` builds its app), wraps `build_app` to add,
     only when `VLLM_SAMPLING_MASK_DEBUG_STATE=1` is set in the server's
     environment, the route `GET /debug/sampling_mask/state` (no route, and no
     change at all, without it). The route answers JSON counts:

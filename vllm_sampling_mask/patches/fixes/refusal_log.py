@@ -1,6 +1,7 @@
 """A refused request leaves one log line, not a traceback.
 
-What: on the API server's import (`vllm/entrypoints/openai/api_server.py`), adds a
+What: on the API server's import (`vllm/entrypoints/openai/api_server.py`; on 0.32
+    `vllm/entrypoints/launchers/app.py`), adds a
     `logging.Filter` to the loggers of the three routes' serving
     modules (`vllm/entrypoints/openai/completion/serving.py`,
     `.../chat_completion/serving.py`,

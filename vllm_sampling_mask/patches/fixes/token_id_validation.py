@@ -15,7 +15,9 @@ What: wraps three methods of `InputProcessor` (vllm/v1/engine/input_processor.py
     - `process_inputs`, after upstream: the tokenizer's encoding of `bad_words`
       must stay inside the model's vocabulary; and a plain `ValueError` that
       upstream's own checks raise in there (an invalid regex or JSON schema in
-      `structured_outputs` / `response_format`) is re-raised as a client error.
+      `structured_outputs` / `response_format`) is re-raised as a client error
+      (0.32 raises a client error there itself, naming no parameter: it is
+      re-raised naming `structured_outputs`).
     A violation raises `errors.RequestInputError` (a VLLMValidationError and a ValueError):
     HTTP 400 naming the parameter, the value and the valid range; a ValueError from
     `LLM.generate`. The rules are `validation.token_id_problem` and its neighbours.
@@ -99,10 +101,11 @@ def apply(module) -> None:
         try:
             request = wrapped(*args, **kwargs)
         except ValueError as exc:
-            if isinstance(exc, VLLMError):
-                raise
-            parameter = ("structured_outputs" if _raised_in(exc, "_validate_structured_outputs")
-                         else None)
+            structured = _raised_in(exc, "_validate_structured_outputs")
+            if isinstance(exc, VLLMError) and not (
+                    structured and getattr(exc, "parameter", None) is None):
+                raise   # a client error already, naming its parameter
+            parameter = "structured_outputs" if structured else None
             prefix = f"{parameter}: " if parameter else ""
             raise RequestInputError(f"{prefix}{exc or type(exc).__name__}",
                                     parameter=parameter) from exc

@@ -1,0 +1,82 @@
+"""On a vLLM release with a sampling mask of its own (0.32): the overlay's supports are
+upstream's supports, and code written against upstream's mask API keeps working.
+
+The overlay replaces upstream's extraction and transport (docs/releases.md says why).
+Here both run on the same processed logits: upstream's `SamplingMaskTensors.from_logits`
+(its Triton kernel, run by Triton's interpreter on a CPU host, decoded by its own
+`tolists`) and the overlay's `extract_support` (its kernel, decoded by `transport.decode`),
+on rows where upstream produces a mask at all: any top-k (its compact ids), rows wider
+than its compact width (its bitmask fallback), NaN, +/-inf and rows with nothing kept.
+On 0.27.1, which has no mask of its own, the module is skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_sampling_mask.extraction import ExtractionSettings, extract_support, plan_layout
+from vllm_sampling_mask.sampling_mask import SamplingMask
+from vllm_sampling_mask.transport import decode
+
+upstream_output = pytest.importorskip(
+    "vllm.v1.worker.gpu.sample.output",
+    reason="this vLLM has no Model Runner V2 sampler output")
+if not hasattr(upstream_output, "SamplingMaskTensors"):
+    pytest.skip("this vLLM release (0.27.1) has no sampling mask of its own to agree with",
+                allow_module_level=True)
+
+from test_extraction_kernel import hostile_logits  # noqa: E402
+
+
+def upstream_supports(logits: torch.Tensor, max_num_kept: int) -> list[list[int]]:
+    rows = logits.shape[0]
+    tensors = upstream_output.SamplingMaskTensors.from_logits(
+        logits, torch.arange(rows + 1, dtype=torch.int32),
+        torch.ones(rows, dtype=torch.int32), max_num_kept)
+    return tensors.to_cpu_nonblocking().tolists().to_nested_list()
+
+
+def overlay_supports(logits: torch.Tensor, top_k: np.ndarray) -> list[list[int]]:
+    layout = plan_layout(top_k, logits.shape[1], max_size=logits.shape[1])
+    mask = extract_support(logits, layout, use_triton=True,
+                           settings=ExtractionSettings(kernel_chunk=512))
+    host = decode(mask.block.cpu().numpy(), layout, mask.row_of(), np.ones(layout.rows))
+    return SamplingMask(host.ids, host.offsets).token_ids
+
+
+@pytest.mark.parametrize("seed,top_k,max_num_kept", [(0, 20, 20), (1, 50, 64), (2, 5, 8)])
+def test_overlay_and_upstream_extract_the_same_supports(seed, top_k, max_num_kept):
+    logits = hostile_logits(rows=12, vocab=3001, top_k=top_k, seed=seed)
+    ours = overlay_supports(logits, np.full(12, top_k))
+    theirs = upstream_supports(logits, max_num_kept)
+    wide = sum(len(s) > max_num_kept for s in theirs)
+    assert wide > 0, "the inputs were meant to reach upstream's bitmask fallback"
+    assert ours == theirs
+    reference = [torch.nonzero(torch.isfinite(row)).view(-1).tolist() for row in logits]
+    assert ours == reference
+
+
+def test_upstream_mask_api_reads_the_overlays_mask():
+    """`vllm.outputs.SamplingMask` is the overlay's class (upstream's constructor and
+    `.token_ids`), and `RequestOutput.add` joins masks as it joins token ids."""
+    from vllm.outputs import CompletionOutput, RequestOutput, SamplingMask as Upstream
+
+    assert Upstream is SamplingMask
+    assert Upstream([[1, 2], [3]]).token_ids == [[1, 2], [3]]
+    assert Upstream(token_ids=[[4]]) == SamplingMask.from_lists([[4]])
+
+    def output(tokens, mask, finished):
+        completion = CompletionOutput(index=0, text="", token_ids=tokens,
+                                      cumulative_logprob=None, logprobs=None,
+                                      sampling_mask=Upstream(mask))
+        return RequestOutput(request_id="r", prompt=None, prompt_token_ids=[1],
+                             prompt_logprobs=None, outputs=[completion],
+                             finished=finished)
+
+    first = output([7], [[7, 9]], False)
+    first.add(output([8, 5], [[8], [2, 5]], True), aggregate=True)
+    (completion,) = first.outputs
+    assert completion.token_ids == [7, 8, 5]
+    assert completion.sampling_mask.token_ids == [[7, 9], [8], [2, 5]]
