@@ -394,3 +394,15 @@ def test_every_path_of_the_vectorised_encoder_writes_the_same_bytes(monkeypatch,
         assert raw == packed_wire._encode_v2_small(mask.ids.tolist(), mask.offsets.tolist())
         assert SamplingMask.from_counts(*decode_packed(
             {"format": PACKED_FORMAT, "tokens": len(mask), "data": b85encode(raw)})) == mask
+
+
+def test_the_rice_parameter_is_the_integer_formula():
+    """b = max(0, bit_length(R // (k + 1)) - 1), computed from a float quotient:
+    equal for every k up to 5000 and R at powers of two times (k + 1) and next to them."""
+    k = np.arange(5000)
+    bounds = {0, 1, 2, 3, 151_936, 262_208, 2**31 - 1, 2**31}
+    bounds |= {m * 2**j + d for m in (1, 3, 50, 4097) for j in range(0, 20) for d in (-1, 0, 1)
+               if 0 <= m * 2**j + d <= 2**31}
+    for limit in sorted(bounds):
+        want = [max(0, (limit // (x + 1)).bit_length() - 1) for x in range(5000)]
+        assert packed_wire._rice_parameters(limit, k).tolist() == want, limit

@@ -81,7 +81,8 @@ from __future__ import annotations
 
 import base64
 import operator
-from collections.abc import Mapping
+import struct
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -118,8 +119,33 @@ _B85_POWERS = np.array([85 ** 4, 85 ** 3, 85 ** 2, 85, 1], np.uint32)
 # the two characters of each pair of digits (d0 * 85 + d1), as little-endian uint16
 _B85_PAIRS = np.frombuffer(bytes(c for a in _B85_ALPHABET for d in _B85_ALPHABET
                                  for c in (a, d)), "<u2").copy()
-_B85_SMALL = 40     # bytes; below it the standard library's loop is quicker
+_B85_SMALL = 64     # bytes; below it a plain loop (`_b85encode_small`) is quicker
+_B85_PAIR_TEXT = [_B85_ALPHABET[i // 85: i // 85 + 1].decode() + _B85_ALPHABET[i % 85:
+                  i % 85 + 1].decode() for i in range(85 * 85)]
+_B85_TEXT = [chr(c) for c in _B85_ALPHABET]
+_UINT32_BE: dict[int, Callable] = {}     # struct unpackers of m big-endian uint32
 _B85_MID = 1024     # bytes; below it one broadcast division is quicker than the pair table
+
+
+def _b85encode_small(raw: bytes) -> str:
+    """`b85encode` by a loop over the groups (for a stream chunk's few bytes)."""
+    full, rest = divmod(len(raw), 4)
+    if rest:
+        raw = bytes(raw) + bytes(4 - rest)
+    groups = len(raw) // 4
+    unpack = _UINT32_BE.get(groups)
+    if unpack is None:
+        unpack = _UINT32_BE.setdefault(groups, struct.Struct(f">{groups}I").unpack)
+    pairs, single = _B85_PAIR_TEXT, _B85_TEXT
+    parts: list[str] = []
+    add = parts.append
+    for word in unpack(raw):
+        high, low = divmod(word, 85 ** 3)
+        add(pairs[high])
+        add(pairs[low // 85])
+        add(single[low % 85])
+    text = "".join(parts)
+    return text[:5 * full + rest + 1] if rest else text
 
 
 def b85encode(raw: bytes) -> str:
@@ -130,7 +156,7 @@ def b85encode(raw: bytes) -> str:
     0..6993, one lookup in the pair table), (w // 85) % 85**2 (the next two) and
     w % 85."""
     if len(raw) < _B85_SMALL:
-        return base64.b85encode(raw).decode("ascii")
+        return _b85encode_small(raw)
     full, rest = divmod(len(raw), 4)
     if rest:
         raw = bytes(raw) + bytes(4 - rest)
@@ -267,8 +293,6 @@ def _offsets_of(ids: np.ndarray, counts, offsets) -> np.ndarray:
         counts = np.asarray(counts).astype(np.int64, copy=False).reshape(-1)
         offsets = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=offsets[1:])
-        if len(counts) and counts.min() < 0:
-            raise _error("a support size is negative")
     else:
         offsets = np.asarray(offsets).astype(np.int64, copy=False).reshape(-1)
     if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(ids):
@@ -371,14 +395,16 @@ def _pack_unary(quotients: np.ndarray) -> bytes:
     return np.packbits(bits).tobytes()
 
 
+# b from the float64 exponent e of R / (k + 1) (2**(e-1) <= R / (k + 1) < 2**e):
+# max(0, e - 1); an e below 0 (R < (k + 1) / 2) clips to index 0
+_RICE_OF_EXPONENT = np.maximum(np.arange(-1, 63), 0).astype(np.uint8)
+
+
 def _rice_parameters(limit: int, counts: np.ndarray) -> np.ndarray:
-    """b = max(0, floor(log2(R / (k + 1)))) per token, int64, from the float64
+    """b = max(0, floor(log2(R / (k + 1)))) per token, uint8, from the float64
     quotient: R <= 2**31 keeps a quotient that is not a power of two at least
     2**-31 (relative) away from one, far past float64's rounding (2**-53)."""
-    rice = np.frexp(limit / (counts + 1))[1].astype(np.int64)
-    rice -= 1
-    np.maximum(rice, 0, out=rice)
-    return rice
+    return _RICE_OF_EXPONENT.take(np.frexp(limit / (counts + 1))[1], mode="clip")
 
 
 def _count_order(n: int, tokens: int) -> int:
@@ -390,12 +416,13 @@ def _encode_v2(ids: np.ndarray, offsets: np.ndarray) -> bytes:
     if tokens == 0:
         return b""
     counts = np.diff(offsets)
+    if int(counts.min()) < 0:
+        raise _error("offsets must be non-decreasing")
     if n:
-        nonempty = counts > 0
-        gaps = _gaps(ids, offsets, nonempty)
-        limit = int(ids[offsets[1:][nonempty] - 1].max()) + 1   # ascending: a last id is the largest
+        gaps = _gaps(ids, offsets, counts > 0)
+        limit = int(ids.max()) + 1
         # the ids: Rice codes, the parameter b = floor(log2(R / (k + 1))) per token
-        shift = np.repeat(_rice_parameters(limit, counts).astype(np.uint8), counts)
+        shift = np.repeat(_rice_parameters(limit, counts), counts)
         quotients = gaps >> shift
         gaps -= quotients << shift
         one_pass = n < _ONE_PASS and int(quotients.max()) < 32
@@ -436,36 +463,47 @@ def _encode_v2(ids: np.ndarray, offsets: np.ndarray) -> bytes:
 
 def _encode_v2_small(ids: list[int], bounds: list[int]) -> bytes:
     """`_encode_v2`'s bytes for a few ids, with Python integers only (A and B
-    built most significant bit first, in one int each)."""
+    built most significant bit first, in one int each; B from a leading 1 that
+    marks its length)."""
     tokens, n = len(bounds) - 1, len(ids)
     if tokens < 0 or bounds[0] != 0 or bounds[-1] != n:
         raise _error(f"the offsets do not span the {n} ids")
     if tokens == 0:
         return b""
-    order = _count_order(n, tokens)
-    base = 1 << order
-    a1 = a2 = bits1 = bits2 = limit = start = 0
-    for end in bounds[1:]:                       # A1, A2 and the bound R
-        k = end - start
-        if k:
-            if k < 0 or end > n:
-                raise _error("offsets must be non-decreasing")
-            if ids[start] < 0:
-                raise _error("ids must be non-negative")
-            if ids[end - 1] >= limit:
-                limit = ids[end - 1] + 1
-        v = k + base
-        width = v.bit_length() - 1
-        a1 = (a1 << (width - order + 1)) | 1
-        bits1 += width - order + 1
-        a2 = (a2 << width) | (v - (1 << width))
-        bits2 += width
-        start = end
+    if tokens == 1:                              # a stream chunk: A1 and A2 are v's bits
+        order = max(0, n.bit_length() - 2)
+        v = n + (1 << order)
+        acc = v
+        nbits = 2 * v.bit_length() - order - 1
+        limit = ids[-1] + 1 if n else 0
+        if n and ids[0] < 0:
+            raise _error("ids must be non-negative")
+    else:
+        order = _count_order(n, tokens)
+        base = 1 << order
+        a1 = a2 = bits1 = bits2 = limit = start = 0
+        for end in bounds[1:]:                   # A1, A2 and the bound R
+            k = end - start
+            if k:
+                if k < 0 or end > n:
+                    raise _error("offsets must be non-decreasing")
+                if ids[start] < 0:
+                    raise _error("ids must be non-negative")
+                if ids[end - 1] >= limit:
+                    limit = ids[end - 1] + 1
+            v = k + base
+            width = v.bit_length() - 1
+            a1 = (a1 << (width - order + 1)) | 1
+            bits1 += width - order + 1
+            a2 = (a2 << width) | (v - (1 << width))
+            bits2 += width
+            start = end
+        acc = (a1 << bits2) | a2
+        nbits = bits1 + bits2
     if limit > _ID_LIMIT:
         raise _error(f"id {limit - 1} is past 2**31 - 1")
-    acc = (a1 << bits2) | a2
-    nbits = bits1 + bits2
-    unary = ubits = start = 0
+    unary = 1
+    start = 0
     for end in bounds[1:]:                       # A3 and B
         if end == start:
             continue
@@ -474,22 +512,21 @@ def _encode_v2_small(ids: list[int], bounds: list[int]) -> bytes:
             rice = 0
         low = (1 << rice) - 1
         nbits += rice * (end - start)
-        previous = -1
+        following = 0                            # the least id the next may be
         for token_id in ids[start:end]:
-            gap = token_id - previous - 1
+            gap = token_id - following
             if gap < 0:
                 raise _error("each support must be strictly ascending")
-            previous = token_id
+            following = token_id + 1
             acc = (acc << rice) | (gap & low)
-            quotient = (gap >> rice) + 1
-            unary = (unary << quotient) | 1
-            ubits += quotient
+            unary = (unary << ((gap >> rice) + 1)) | 1
         start = end
     pad = -nbits % 8
     out = _uleb128(order) + _uleb128(limit) + (acc << pad).to_bytes((nbits + pad) // 8, "big")
-    if ubits:
+    if n:
+        ubits = unary.bit_length() - 1
         pad = -ubits % 8
-        out += (unary << pad).to_bytes((ubits + pad) // 8, "big")
+        out += ((unary - (1 << ubits)) << pad).to_bytes((ubits + pad) // 8, "big")
     return out
 
 
@@ -506,8 +543,6 @@ def encode_packed(ids: np.ndarray, counts: np.ndarray | None = None, *,
                 "data": b85encode(_encode_v2_small(values, bounds))}
     ids = np.asarray(ids).reshape(-1)
     offsets = _offsets_of(ids, counts, offsets)
-    if len(offsets) > 1 and np.any(offsets[1:] < offsets[:-1]):
-        raise _error("offsets must be non-decreasing")
     return {"format": PACKED_FORMAT, "tokens": len(offsets) - 1,
             "data": b85encode(_encode_v2(ids, offsets))}
 
@@ -573,7 +608,7 @@ def _decode_v2(raw: bytes, tokens: int) -> tuple[np.ndarray, np.ndarray]:
     if n and limit == 0:
         raise _error(f"{n} ids under an id bound of 0")
     # A3: the remainders
-    rice = _rice_parameters(limit, counts)
+    rice = _rice_parameters(limit, counts).astype(np.int64)
     a_end = a3 + int(rice @ counts)
     b_start = (a_end + 7) // 8
     if b_start > size:
@@ -672,6 +707,8 @@ def encode_packed_v1(ids: np.ndarray, counts: np.ndarray | None = None, *,
     tokens, n = len(offsets) - 1, len(ids)
     values = np.empty(tokens + n, np.int64)
     np.subtract(offsets[1:], offsets[:-1], out=values[:tokens])
+    if tokens and int(values[:tokens].min()) < 0:
+        raise _error("offsets must be non-decreasing")
     if n:
         values[tokens:] = _gaps(ids, offsets, values[:tokens] > 0)
     if len(values) and values.max() < _FAST_LIMIT:
