@@ -572,6 +572,9 @@ def _first_ones(body: np.ndarray, count: int) -> np.ndarray:
     return ones[:count]
 
 
+_DECODE_SMALL = 256     # bytes; below it `_decode_v2_small` reads the bits as a str
+
+
 def _decode_v2(raw: bytes, tokens: int) -> tuple[np.ndarray, np.ndarray]:
     if tokens == 0:
         if raw:
@@ -583,10 +586,12 @@ def _decode_v2(raw: bytes, tokens: int) -> tuple[np.ndarray, np.ndarray]:
         raise _error(f"count order {order} is past {_MAX_G}")
     if limit > _ID_LIMIT:
         raise _error(f"id bound {limit} is past 2**31")
-    body = np.frombuffer(raw, np.uint8, offset=at)
-    size = len(body)
+    size = len(raw) - at
     if tokens > 8 * size:
         raise _error(f"the data ends before the sizes of {tokens} tokens")
+    if size < _DECODE_SMALL:
+        return _decode_v2_small(raw[at:], tokens, order, limit)
+    body = np.frombuffer(raw, np.uint8, offset=at)
     padded = np.concatenate((body, np.zeros(8, np.uint8)))
     # A1: the first `tokens` one bits give each count's width
     ones = _first_ones(body, tokens)
@@ -640,6 +645,66 @@ def _decode_v2(raw: bytes, tokens: int) -> tuple[np.ndarray, np.ndarray]:
     if top >= limit:
         raise _error(f"id {top} is not below the header's bound {limit}")
     return ids.astype(np.int32), counts
+
+
+def _decode_v2_small(body: bytes, tokens: int, order: int,
+                     limit: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_decode_v2` after the header, for a few bytes: the bits as a str of 0 and
+    1, one bit's position found with `str.find`; the same checks."""
+    size = len(body)
+    bits = format(int.from_bytes(body, "big"), f"0{8 * size}b") if size else ""
+    find = bits.find
+    at = 0
+    widths = []
+    for _ in range(tokens):                                  # A1
+        one = find("1", at)
+        if one < 0:
+            raise _error(f"the data ends before the sizes of {tokens} tokens")
+        widths.append(one - at + order)
+        at = one + 1
+    if max(widths) > _MAX_COUNT_WIDTH:
+        raise _error("a support size past 2**40")
+    if at + sum(widths) > 8 * size:
+        raise _error("the data ends inside the support sizes")
+    counts = []
+    for width in widths:                                     # A2
+        counts.append((1 << width) - (1 << order) + (int(bits[at:at + width], 2) if width else 0))
+        at += width
+    n = sum(counts)
+    if n > 8 * size:
+        raise _error(f"the supports claim {n} ids, more than the data can hold")
+    if n and limit == 0:
+        raise _error(f"{n} ids under an id bound of 0")
+    rices = [max(0, (limit // (k + 1)).bit_length() - 1) for k in counts]
+    a_end = at + sum(k * b for k, b in zip(counts, rices))
+    b_start = (a_end + 7) // 8
+    if b_start > size:
+        raise _error("the data ends inside the id remainders")
+    if "1" in bits[a_end:8 * b_start]:
+        raise _error("non-zero padding after the id remainders")
+    if n == 0:
+        if b_start != size:
+            raise _error(f"{size - b_start} bytes past the end of an empty mask")
+        return np.zeros(0, np.int32), np.array(counts, np.int64)
+    ids = []
+    unary = 8 * b_start                                      # B
+    for k, rice in zip(counts, rices):                       # A3 and B, token by token
+        following = 0
+        for _ in range(k):
+            one = find("1", unary)
+            if one < 0:
+                raise _error(f"the data ends after {len(ids)} of {n} ids")
+            gap = ((one - unary) << rice) + (int(bits[at:at + rice], 2) if rice else 0)
+            at += rice
+            unary = one + 1
+            following += gap
+            if following >= limit:
+                raise _error(f"id {following} is not below the header's bound {limit}")
+            ids.append(following)
+            following += 1
+    if find("1", unary) >= 0 or (unary - 1) // 8 != size - 1:
+        raise _error("data past the last id")
+    return np.array(ids, np.int32), np.array(counts, np.int64)
 
 
 def _ids_of_gaps(gaps: np.ndarray, counts: np.ndarray) -> np.ndarray:
