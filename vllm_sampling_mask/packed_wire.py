@@ -97,7 +97,7 @@ PACKED_FORMATS = (PACKED_FORMAT, PACKED_FORMAT_V1)
 MASK_FORMATS = ("lists", "packed")         # the request field `sampling_mask_format`
 _ID_LIMIT = 1 << 31                        # ids are int32
 _MAX_G = 31
-_MAX_COUNT_WIDTH = 40                      # w[t]: counts far below 2**40
+_MAX_COUNT_WIDTH = 32                      # w[t]: counts (at most n) below 2**32
 
 # Below this many ids (a stream chunk's few tokens), numpy's per-call cost is most
 # of the work: the same bytes are written by a plain loop over the ids.
@@ -112,19 +112,16 @@ def _error(message: str) -> ValueError:
 
 _B85_ALPHABET = (b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
                  b"abcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~")
-_B85_DIGITS = np.frombuffer(_B85_ALPHABET, np.uint8)
-_B85_VALUES = np.full(256, 255, np.uint8)
-_B85_VALUES[_B85_DIGITS] = np.arange(85, dtype=np.uint8)
+_B85_VALUES = bytes(_B85_ALPHABET.index(c) if c in _B85_ALPHABET else 255
+                    for c in range(256))          # character -> its digit value
 _B85_POWERS = np.array([85 ** 4, 85 ** 3, 85 ** 2, 85, 1], np.uint32)
-# the two characters of each pair of digits (d0 * 85 + d1), as little-endian uint16
-_B85_PAIRS = np.frombuffer(bytes(c for a in _B85_ALPHABET for d in _B85_ALPHABET
-                                 for c in (a, d)), "<u2").copy()
+_B85_TRANSLATE = _B85_ALPHABET + bytes(256 - 85)     # digit value -> its character
 _B85_SMALL = 64     # bytes; below it a plain loop (`_b85encode_small`) is quicker
 _B85_PAIR_TEXT = [_B85_ALPHABET[i // 85: i // 85 + 1].decode() + _B85_ALPHABET[i % 85:
                   i % 85 + 1].decode() for i in range(85 * 85)]
 _B85_TEXT = [chr(c) for c in _B85_ALPHABET]
 _UINT32_BE: dict[int, Callable] = {}     # struct unpackers of m big-endian uint32
-_B85_MID = 1024     # bytes; below it one broadcast division is quicker than the pair table
+_B85_MID = 1024     # bytes; below it one broadcast division is quicker than a loop of five
 
 
 def _b85encode_small(raw: bytes) -> str:
@@ -150,11 +147,9 @@ def _b85encode_small(raw: bytes) -> str:
 
 def b85encode(raw: bytes) -> str:
     """base85 text of `raw`: the same characters as `base64.b85encode(raw)`
-    (unpadded), computed with numpy past a few dozen bytes.
-
-    Large inputs: a group's uint32 w gives its digits as w // 85**3 (the first two,
-    0..6993, one lookup in the pair table), (w // 85) % 85**2 (the next two) and
-    w % 85."""
+    (unpadded), computed with numpy past a few dozen bytes: the digits of each
+    group's uint32 by division, as bytes 0..84, mapped to the alphabet by
+    `bytes.translate`."""
     if len(raw) < _B85_SMALL:
         return _b85encode_small(raw)
     full, rest = divmod(len(raw), 4)
@@ -163,19 +158,16 @@ def b85encode(raw: bytes) -> str:
     if len(raw) < _B85_MID:
         digits = np.frombuffer(raw, ">u4")[:, None] // _B85_POWERS
         digits %= np.uint32(85)
-        out = _B85_DIGITS[digits].tobytes()
+        out = digits.astype(np.uint8).tobytes().translate(_B85_TRANSLATE)
     else:
         w = np.frombuffer(raw, ">u4").astype(np.uint32)
-        m = len(w)
-        high = w // np.uint32(85 ** 3)
-        w -= high * np.uint32(85 ** 3)
-        middle = w // np.uint32(85)
-        w -= middle * np.uint32(85)
-        text = np.empty((m, 5), np.uint8)
-        np.ndarray((m,), "<u2", buffer=text, strides=(5,))[:] = _B85_PAIRS[high]
-        np.ndarray((m,), "<u2", buffer=text, offset=2, strides=(5,))[:] = _B85_PAIRS[middle]
-        text[:, 4] = _B85_DIGITS[w]
-        out = text.tobytes()
+        text = np.empty((len(w), 5), np.uint8)
+        for i in range(4, 0, -1):
+            quotient = w // np.uint32(85)
+            text[:, i] = w - quotient * np.uint32(85)
+            w = quotient
+        text[:, 0] = w
+        out = text.tobytes().translate(_B85_TRANSLATE)
     if rest:
         out = out[:5 * full + rest + 1]
     return out.decode("ascii")
@@ -200,8 +192,11 @@ def b85decode(text: str) -> bytes:
             return base64.b85decode(raw)
         except ValueError:
             raise _error("a base85 group is worth 2**32 or more") from None
-    digits = _B85_VALUES[np.frombuffer(raw + b"~" * pad, np.uint8)]
-    words = digits.reshape(-1, 5).astype(np.uint64) @ _B85_POWERS.astype(np.uint64)
+    digits = np.frombuffer((raw + b"~" * pad).translate(_B85_VALUES), np.uint8).reshape(-1, 5)
+    words = digits[:, 0].astype(np.uint64)
+    for i in range(1, 5):
+        words *= np.uint64(85)
+        words += digits[:, i]
     if len(words) and words.max() >= np.uint64(1 << 32):
         raise _error("a base85 group is worth 2**32 or more")
     out = words.astype(">u4").tobytes()
@@ -549,12 +544,23 @@ def encode_packed(ids: np.ndarray, counts: np.ndarray | None = None, *,
 
 # -- v2: reading ----------------------------------------------------------------
 
-def _read_fields(padded: np.ndarray, starts: np.ndarray, widths: np.ndarray) -> np.ndarray:
-    """The `widths[i]`-bit values (0..57 bits) at bit positions `starts[i]` of
-    `padded` (bytes, followed by 8 zero bytes), int64."""
-    words = np.ndarray((len(padded) - 7,), ">u8", buffer=padded, strides=(1,))
-    word = words[starts >> 3].astype(np.uint64)
-    word <<= (starts & 7).astype(np.uint64)
+def _windows(body: np.ndarray) -> np.ndarray:
+    """The 64 bits from each 32-bit boundary of `body` on (zeros past its end),
+    as uint64: window j holds bits 32j .. 32j + 63."""
+    size = len(body)
+    padded = np.zeros(4 * ((size + 3) // 4 + 2), np.uint8)
+    padded[:size] = body
+    words = padded.view(">u4").astype(np.uint64)
+    windows = words[:-1] << np.uint64(32)
+    windows |= words[1:]
+    return windows
+
+
+def _read_fields(windows: np.ndarray, starts: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    """The `widths[i]`-bit values (0..32 bits) at bit positions `starts[i]`, from
+    `_windows` of the bit string, int64."""
+    word = windows[starts >> 5]
+    word <<= (starts & 31).astype(np.uint64)
     word >>= (63 - widths).astype(np.uint64)
     word >>= np.uint64(1)
     return word.astype(np.int64)
@@ -592,20 +598,20 @@ def _decode_v2(raw: bytes, tokens: int) -> tuple[np.ndarray, np.ndarray]:
     if size < _DECODE_SMALL:
         return _decode_v2_small(raw[at:], tokens, order, limit)
     body = np.frombuffer(raw, np.uint8, offset=at)
-    padded = np.concatenate((body, np.zeros(8, np.uint8)))
+    windows = _windows(body)
     # A1: the first `tokens` one bits give each count's width
     ones = _first_ones(body, tokens)
     width = np.diff(ones, prepend=-1)
     width += order - 1                                   # z + g
     if int(width.max()) > _MAX_COUNT_WIDTH:
-        raise _error("a support size past 2**40")
+        raise _error(f"a support size past 2**{_MAX_COUNT_WIDTH}")
     # A2: the counts
     ends = np.cumsum(width)
     a2 = int(ones[-1]) + 1
     a3 = a2 + int(ends[-1])
     if a3 > 8 * size:
         raise _error("the data ends inside the support sizes")
-    counts = _read_fields(padded, a2 + ends - width, width)
+    counts = _read_fields(windows, a2 + ends - width, width)
     counts += np.left_shift(1, width) - (1 << order)
     n = int(counts.sum())
     if n > 8 * size:
@@ -618,7 +624,7 @@ def _decode_v2(raw: bytes, tokens: int) -> tuple[np.ndarray, np.ndarray]:
     b_start = (a_end + 7) // 8
     if b_start > size:
         raise _error("the data ends inside the id remainders")
-    if a_end % 8 and _read_fields(padded, np.array([a_end]), np.array([8 - a_end % 8]))[0]:
+    if a_end % 8 and _read_fields(windows, np.array([a_end]), np.array([8 - a_end % 8]))[0]:
         raise _error("non-zero padding after the id remainders")
     if n == 0:
         if b_start != size:
@@ -626,7 +632,7 @@ def _decode_v2(raw: bytes, tokens: int) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0, np.int32), counts
     shift = np.repeat(rice, counts)
     ends = np.cumsum(shift)
-    gaps = _read_fields(padded, a3 + ends - shift, shift)
+    gaps = _read_fields(windows, a3 + ends - shift, shift)
     # B: n one bits, the quotients
     ones = np.flatnonzero(np.unpackbits(body[b_start:]))
     if len(ones) < n:
@@ -663,7 +669,7 @@ def _decode_v2_small(body: bytes, tokens: int, order: int,
         widths.append(one - at + order)
         at = one + 1
     if max(widths) > _MAX_COUNT_WIDTH:
-        raise _error("a support size past 2**40")
+        raise _error(f"a support size past 2**{_MAX_COUNT_WIDTH}")
     if at + sum(widths) > 8 * size:
         raise _error("the data ends inside the support sizes")
     counts = []
