@@ -40,13 +40,14 @@ Otherwise the bytes are a header, section A and section B, in that order:
             next byte boundary (fewer than 8), made of
               for each token t, for each of its ids j: q[t][j] zero bits, then a
               one bit.
-            B's last byte holds its last one bit; nothing follows B.
+            B's last byte holds its last one bit; nothing follows B. When
+            n = 0, B is empty.
 
   with, per token (the count: exp-Golomb of order g, its prefix in A1, its
   mantissa in A2; the ids: Rice codes, the quotient in B, the remainder in A3)
 
     v[t] = k[t] + 2**g,   w[t] = bit_length(v[t]) - 1,   z[t] = w[t] - g
-    b[t] = max(0, bit_length(R // (k[t] + 1)) - 1)       (floor(log2(R / (k + 1))))
+    b[t] = max(0, bit_length(R // (k[t] + 1)) - 1)   (max(0, floor(log2(R / (k + 1)))))
     gap[t][0] = ids[t][0],  gap[t][j] = ids[t][j] - ids[t][j-1] - 1  (j >= 1)
     q[t][j]   = gap[t][j] >> b[t],  the remainder gap[t][j] & (2**b[t] - 1)
 
@@ -54,7 +55,18 @@ A decoder reads the header; the first T one bits of A are A1 (so the z[t], w[t])
 then A2 gives the counts (v[t] = 2**w[t] + the w[t] bits; k[t] = v[t] - 2**g), the
 counts give the b[t] and so A3's length, B starts at the next byte, and its n one
 bits give the q. The encoder here writes R = max id + 1 and
-g = max(0, bit_length(n // T) - 2); a decoder takes both from the header.
+g = max(0, bit_length(n // T) - 2); a decoder takes both from the header. This one
+refuses (ValueError) data that ends early or goes on past B, non-zero padding, a
+w[t] past 32, an id at or past R, g past 31 or R past 2**31.
+
+Example: supports [3, 4, 300] and [7] (n = 4, g = 0, R = 301, b = 6 and 7) are the
+bytes 00 AD 02 | 28 0C 09 C3 80 | C3, `"data": "0IdQj3<<-4!v"`:
+
+    header  00 AD 02     g = 0; R = 301 = 0b10_0101101 as LEB128
+    A       001 01 | 00 0 | 000011 000000 100111 | 0000111 | 0000000
+            A1 (z = 2, 1) | A2 (4 -> 00, 2 -> 0) | token 0's remainders
+            (3, 0, 295 & 63 = 39) | token 1's (7) | padding
+    B       1 1 00001 1  (quotients 0, 0, 295 >> 6 = 4, 0)
 
 Support logprobs (`return_sampling_mask_logprobs`): the object has two more keys,
 each the base85 above of little-endian IEEE-754 float32 values, back to back:
@@ -72,9 +84,10 @@ layout gets a new tag).
 Both directions are vectorised (numpy passes over the ids, no per-id Python):
 the fields of A (and of B) are placed into 64-bit words (`_pack_fields`), the
 decoder finds A1's and B's one bits with `np.unpackbits` and reads fixed-width
-fields through an unaligned 64-bit view. A mask of fewer than 128 ids (a stream
-chunk) is encoded by a plain loop over Python integers to the same bytes: numpy's
-per-call cost dominates there.
+fields from 64-bit windows of the data. Where numpy's per-call cost would dominate,
+plain loops do the same work: a mask of fewer than 128 ids (a stream chunk) is
+encoded over Python integers to the same bytes, and data under 256 bytes are read
+as a str of bits.
 """
 
 from __future__ import annotations
