@@ -1,15 +1,19 @@
-"""The mask's wire: JSON lists against the packed encoding, same masks, one run.
+"""The mask's wire: JSON lists against the packed encodings, same masks, one run.
 
-For each workload, every mask goes through both of the API server's encoders,
-exactly as the route patches call them (`_http.mask_payload`, then JSON as the
-response is written: pydantic for a full response's choice field, `json.dumps`
-for a stream chunk), and is decoded back with `SamplingMask.from_response`
-(checked equal). Printed per workload and per shape (a full response of T tokens;
-a stream chunk of one token):
+For each workload, every mask goes through the API server's encoders, exactly as
+the route patches call them (`_http.mask_payload`, then JSON as the response is
+written: pydantic for a full response's choice field, `json.dumps` for a stream
+chunk), and is decoded back with `SamplingMask.from_response` (checked equal). Three
+encoders: "lists" (the default), "v2" (`sampling_mask_format: "packed"`, what the
+server writes: `packed_wire.encode_packed`, format `packed-rice-v2`, base85) and
+"v1" (the earlier packed layout, `packed_wire.encode_packed_v1`, base64 varints,
+still decoded; for comparison). Printed per workload and per shape (a full
+response of T tokens; a stream chunk of one token):
 
-    bytes/id     the JSON text of the `sampling_mask` value, over the ids it holds
-    enc us/tok   API-server CPU (process time) to encode, per masked token
-    packed/lists the ratio of the two encoders' CPU time
+    <enc> B/id        the JSON text of the `sampling_mask` value, over the ids it holds
+    <enc> bin B/id    (packed) the binary payload before its text encoding, over the ids
+    <enc> us/tok      API-server CPU (process time, best of 5) to encode, per masked token
+    <enc>/lists CPU   the ratio of that encoder's CPU time to the lists encoder's
 
 Workloads:
     prime-rl   V = 151,936, support sizes lognormal with mean ~8 and p99 ~80
@@ -32,7 +36,7 @@ import time
 
 import numpy as np
 
-from vllm_sampling_mask.packed_wire import encode_packed
+from vllm_sampling_mask.packed_wire import b85decode, encode_packed, encode_packed_v1
 from vllm_sampling_mask.sampling_mask import SamplingMask
 
 V_BIG = 151_936
@@ -52,9 +56,23 @@ def synthetic(kind: str, tokens: int, rng) -> SamplingMask:
     return SamplingMask.from_lists(rows)
 
 
-def payload(mask: SamplingMask, packed: bool):
-    # what `_http.mask_payload` does (imported here would pull in vLLM)
-    return encode_packed(mask.ids, offsets=mask.offsets) if packed else mask.token_ids
+ENCODERS = ("lists", "v1", "v2")
+
+
+def payload(mask: SamplingMask, encoder: str):
+    # what `_http.mask_payload` does (imported here would pull in vLLM); "v1" is
+    # the earlier packed layout
+    if encoder == "v2":
+        return encode_packed(mask.ids, offsets=mask.offsets)
+    if encoder == "v1":
+        return encode_packed_v1(mask.ids, offsets=mask.offsets)
+    return mask.token_ids
+
+
+def binary_size(obj: dict) -> int:
+    if obj["format"] == "packed-varint-v1":
+        return len(base64.b64decode(obj["data"]))
+    return len(b85decode(obj["data"]))
 
 
 def measure(masks: list[SamplingMask], label: str, repeat: int = 5) -> list[dict]:
@@ -70,8 +88,8 @@ def measure(masks: list[SamplingMask], label: str, repeat: int = 5) -> list[dict
         n_tok = sum(len(m) for m in work)
         row = {"workload": label, "shape": shape, "T": len(work[0]), "responses": len(work),
                "mean size": round(n_ids / n_tok, 2)}
-        for packed in (False, True):
-            texts = [dump(payload(m, packed)) for m in work]
+        for encoder in ENCODERS:
+            texts = [dump(payload(m, encoder)) for m in work]
             size = sum(len(t) for t in texts)
             for m, text in zip(work, texts):
                 choice = {"index": 0, "sampling_mask": json.loads(text)}
@@ -80,15 +98,15 @@ def measure(masks: list[SamplingMask], label: str, repeat: int = 5) -> list[dict
             for _ in range(repeat):
                 t0 = time.process_time()
                 for m in work:
-                    dump(payload(m, packed))
+                    dump(payload(m, encoder))
                 best = min(best, time.process_time() - t0)
-            name = "packed" if packed else "lists"
-            row[f"{name} B/id"] = round(size / n_ids, 3)
-            row[f"{name} us/tok"] = round(best / n_tok * 1e6, 3)
-        if True:
-            raw = sum(len(base64.b64decode(payload(m, True)["data"])) for m in work)
-            row["packed binary B/id"] = round(raw / n_ids, 3)
-        row["packed/lists CPU"] = round(row["packed us/tok"] / row["lists us/tok"], 3)
+            row[f"{encoder} B/id"] = round(size / n_ids, 3)
+            if encoder != "lists":
+                raw = sum(binary_size(payload(m, encoder)) for m in work)
+                row[f"{encoder} bin B/id"] = round(raw / n_ids, 3)
+            row[f"{encoder} us/tok"] = round(best / n_tok * 1e6, 3)
+        for encoder in ENCODERS[1:]:
+            row[f"{encoder}/lists CPU"] = round(row[f"{encoder} us/tok"] / row["lists us/tok"], 3)
         rows.append(row)
     return rows
 

@@ -167,8 +167,10 @@ class SamplingMask:
                 ids, counts = decode_packed(packed)
                 logprobs = log_kept = None
                 if "logprobs" in packed:
-                    logprobs = decode_floats(packed["logprobs"], len(ids), "logprobs")
-                    log_kept = decode_floats(packed["log_kept"], len(counts), "log_kept")
+                    logprobs = decode_floats(packed["logprobs"], len(ids), "logprobs",
+                                             packed["format"])
+                    log_kept = decode_floats(packed["log_kept"], len(counts), "log_kept",
+                                             packed["format"])
                 piece = cls.from_counts(ids, counts, logprobs, log_kept)
             else:
                 values = choice.get("sampling_mask_logprobs")
@@ -184,7 +186,7 @@ class SamplingMask:
 
     def to_packed(self) -> dict:
         """The packed wire object of this mask (`packed_wire.encode_packed`), with
-        its support logprobs as base64 float32 (`packed_wire.encode_floats`)."""
+        its support logprobs as base85 float32 (`packed_wire.encode_floats`)."""
         packed = encode_packed(self.ids, offsets=self.offsets)
         if self.logprobs is not None:
             packed["logprobs"] = encode_floats(self.logprobs)

@@ -8,7 +8,7 @@
   logprob of every support id and log S, written as `choices[].sampling_mask_logprobs`
   (one list of floats per token, aligned with the mask's lists) and
   `choices[].sampling_mask_log_kept` (one float per token) in lists format, and
-  inside the packed object (`logprobs`, `log_kept`: base64 float32) in packed format;
+  inside the packed object (`logprobs`, `log_kept`: base85 float32) in packed format;
 - the `sampling_mask_format` body field ("lists", the default, or "packed": the
   compact encoding of `vllm_sampling_mask.packed_wire`): an API-server choice of
   how `choices[].sampling_mask` is written, full responses and stream chunks;
@@ -76,7 +76,7 @@ def format_field():
     return Field(default=None, description=(
         "How `choices[].sampling_mask` is written: \"lists\" (default) one JSON list "
         "of ids per token; \"packed\" one object {format, tokens, data} with the "
-        "supports varint-encoded in base64 (docs/sampling_mask.md, Packed wire)."))
+        "supports Rice-coded in base85 (docs/sampling_mask.md, Packed wire)."))
 
 
 # The response choice field: one list of ids per generated token, the packed
