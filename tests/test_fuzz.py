@@ -52,6 +52,16 @@ def test_concurrent_batches_over_every_route_keep_the_mask_invariants(mask_serve
         assert not violations, "\n".join(violations)
 
     batches()
+    # and one request wide from its first step on: a size-limit error whatever paths
+    # the drawn examples sampled (they depend on the release's CPU sampler)
+    wide = {**fs.draw_sampling(fs.RandomDraw(0), seeded=True, greedy=False),
+            "temperature": 1.5, "top_k": 0, "top_p": 1.0, "min_p": 0.002, "n": 1,
+            "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+            "logit_bias": {}, "bad_words": [], "stop": [], "stop_token_ids": [],
+            "min_tokens": 0, "max_tokens": 16, "ignore_eos": True, "logprobs": None}
+    errors = stats.size_limit_errors
+    fs.run_example(mask_server, checker, [fs.Req("generate", False, [5, 6, 7], wide)])
+    assert stats.size_limit_errors == errors + 1, stats.violations[-3:]
     print("\n" + stats.report())
     # the slice was not vacuous: masks were checked, against the reference too,
     # and refusals, size-limit errors and aborts all happened

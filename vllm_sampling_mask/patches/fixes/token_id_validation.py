@@ -100,7 +100,7 @@ def apply(module) -> None:
     def process_inputs(wrapped, self, args, kwargs):
         try:
             request = wrapped(*args, **kwargs)
-        except ValueError as exc:
+        except (ValueError, VLLMError) as exc:
             structured = _raised_in(exc, "_validate_structured_outputs")
             if isinstance(exc, VLLMError) and not (
                     structured and getattr(exc, "parameter", None) is None):
