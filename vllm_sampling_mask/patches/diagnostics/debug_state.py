@@ -22,6 +22,8 @@ Remove when: keep: a test/diagnostic aid; upstream has no per-request state
 
 from __future__ import annotations
 
+import os
+
 from fastapi import Request
 
 from vllm_sampling_mask.patches._wrap import wraps
@@ -52,7 +54,9 @@ async def state(request: Request) -> dict:
     """The route: counts from this process and from the engine core."""
     engine = request.app.state.engine_client
     counts = {
-        "api_server": {"output_processor": output_processor_state(engine.output_processor)},
+        # which API server answered (a string: `total` counts integers only)
+        "api_server": {"process": f"pid {os.getpid()}",
+                       "output_processor": output_processor_state(engine.output_processor)},
         "engine_core": await engine.engine_core.call_utility_async(METHOD),
     }
     return {**counts, "total": total(counts)}
