@@ -59,3 +59,15 @@ def test_vllm_serve_refuses_at_start_up_with_the_fix(logprobs_mode, fix):
                        env=_clean_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode != 0
     assert fix in r.stderr + r.stdout
+
+
+def test_batch_sharded_sampling_is_refused_where_the_release_has_it():
+    """vLLM 0.32's --enable-batch-sharded-sampling: each tensor-parallel rank samples a
+    slice of the batch, so one rank's extraction would miss the others' rows."""
+    from vllm import EngineArgs
+
+    if "enable_batch_sharded_sampling" not in EngineArgs.__dataclass_fields__:
+        pytest.skip("this vLLM release (0.27.1) has no batch-sharded sampling")
+    with pytest.raises(ValueError, match="return-sampling-mask") as info:
+        LLM(**{**ENGINE_KWARGS, "enable_batch_sharded_sampling": True})
+    assert "--enable-batch-sharded-sampling" in str(info.value)

@@ -59,7 +59,7 @@ def resolve_logprobs_request(*, engine_on: bool, requested, requested_mask
 
 def startup_errors(*, logprobs_mode: str, use_v2_model_runner: bool,
                    speculative: bool, logits_processors, runner_type: str,
-                   is_diffusion: bool) -> list[str]:
+                   is_diffusion: bool, batch_sharded_sampling: bool = False) -> list[str]:
     """Every reason the engine cannot return sampling masks, as messages."""
     errors = []
     if logprobs_mode != "processed_logprobs":
@@ -83,6 +83,11 @@ def startup_errors(*, logprobs_mode: str, use_v2_model_runner: bool,
             f"{runner_type!r} runner: drop the flag for pooling models.")
     if is_diffusion:
         errors.append(f"{FLAG} does not support diffusion models: drop the flag.")
+    if batch_sharded_sampling:
+        errors.append(
+            f"{FLAG} does not support batch-sharded sampling (each tensor-parallel "
+            "rank would sample, and extract, a slice of the batch): remove "
+            "--enable-batch-sharded-sampling.")
     return errors
 
 

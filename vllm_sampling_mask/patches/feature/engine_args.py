@@ -34,6 +34,9 @@ from vllm_sampling_mask.validation import DEFAULT_MAX_SIZE, startup_errors
 # `return_sampling_mask` field and option exist, and `ModelConfig.return_sampling_mask`
 # switches on upstream's extraction, transport and checks.
 UPSTREAM_MASK = {"0.27.1": False, "0.32.0": True}
+# 0.32's opt-in tensor-parallel sampling of batch slices (absent in 0.27.1): refused
+# with the mask, as upstream refuses it beside its own
+BATCH_SHARDED = "enable_batch_sharded_sampling"
 
 SIZE_HELP = (
     "With --return-sampling-mask: the widest support, in ids, one step may return "
@@ -108,7 +111,8 @@ def apply(module) -> None:
                 use_v2_model_runner=envs.VLLM_USE_V2_MODEL_RUNNER is True,
                 speculative=bool(self.speculative_config),
                 logits_processors=self.logits_processors, runner_type="generate",
-                is_diffusion=False))
+                is_diffusion=False,
+                batch_sharded_sampling=bool(getattr(self, BATCH_SHARDED, False))))
         config = wrapped(*args, **kwargs)
         if self.return_sampling_mask:
             mc = config.model_config
@@ -118,7 +122,9 @@ def apply(module) -> None:
                 speculative=config.speculative_config is not None,
                 logits_processors=mc.logits_processors,
                 runner_type=mc.runner_type,
-                is_diffusion=bool(mc.is_diffusion)))
+                is_diffusion=bool(mc.is_diffusion),
+                batch_sharded_sampling=bool(getattr(config.parallel_config, BATCH_SHARDED,
+                                                    False))))
             logger.info("Sampling masks on: every generated token returns its support "
                         "(%s).", "Model Runner V2" if config.use_v2_model_runner
                         else "V1 model runner")
