@@ -14,7 +14,9 @@ The block of one step, `R` rows, compaction width `W`, `S` wide-row slots:
                    of the rows wider than W, from word `start_word` on
 
 Only the rows of requests that want a mask are extracted (`rows`, the batch
-rows, in order); the others cost nothing. `W` comes from the host-side top-k of
+rows, in order), less the rows whose sample the runner discards (partial
+prefill chunks: `DeviceMask.idle`, decoded as sampled nothing); the others
+cost nothing. `W` comes from the host-side top-k of
 those rows (the largest plus a margin for ties), capped at the engine's
 `max_size` (--max-sampling-mask-size, N): a support wider than N ends its
 request with an error, so nothing wider ever needs room. A row wider than `W`

@@ -78,16 +78,16 @@ class StepMasks:
     row that sampled nothing does."""
 
     row_of: np.ndarray            # [batch rows] int64, row in counts/offsets, or -1
-    counts: np.ndarray            # [R] int32, true support size (0: sampled nothing)
+    counts: np.ndarray            # [R + idle] int32, true support size (0: sampled nothing)
     ids: np.ndarray               # [offsets[-1]] int32, each row's stored ids
-    offsets: np.ndarray           # [R + 1] int64
+    offsets: np.ndarray           # [R + idle + 1] int64
     width: int                    # W, the step's compacted columns
     wide: frozenset[int]          # rows wider than W, read exactly from their bits
     lost: frozenset[int]          # rows wider than W that found no wide-row slot
     max_size: int                 # --max-sampling-mask-size
     # Support logprobs (`return_sampling_mask_logprobs`), None when no row of the
-    # step asked: the rows that asked ([R] bool), float32 aligned with `ids` (each
-    # stored id's processed logprob) and float32 [R] log S; NaN in the rows that
+    # step asked: the rows that asked ([R + idle] bool), float32 aligned with `ids` (each
+    # stored id's processed logprob) and float32 [R + idle] log S; NaN in the rows that
     # did not ask (and where a row's logits held NaN: `problem` says so).
     asked_rows: np.ndarray | None = None
     logprobs: np.ndarray | None = None
