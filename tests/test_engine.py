@@ -190,6 +190,38 @@ def test_seeded_chunked_prompts_replay_exactly_and_prefix_cache_agrees(llm, toke
     assert other.token_ids != first.token_ids or other.sampling_mask != first.sampling_mask
 
 
+def _mask_work(worker):
+    """Runs in the worker: the runner's mask state counters (`SamplingMaskState`):
+    steps extracted, rows extracted, rows left out as their sample is discarded."""
+    state = worker.model_runner.sampling_mask
+    return state.extractions, state.extracted_rows, state.idle_rows
+
+
+def test_partial_prefill_rows_are_not_extracted(llm, tokenizer, hf_model):
+    """Prompts longer than the 64-token budget are prefilled in chunks; the row of a
+    partial chunk samples nothing (its draw is discarded), so it is not extracted:
+    exactly one row is extracted per generated token, every partial chunk is
+    counted as left out, and the masks stay aligned and exact."""
+    prompts = [f"# case {i}\n" + "".join(PROMPTS[i:] + PROMPTS[:i]) * 2 for i in range(3)]
+    assert min(len(prompt_ids(tokenizer, p)) for p in prompts) > 64
+    cases = [dict(temperature=0.8, top_k=20), dict(temperature=1.0, top_k=0, top_p=0.6),
+             dict(temperature=1.0, top_k=40, top_p=0.9)]
+    params = [SamplingParams(**c, max_tokens=6, ignore_eos=True, seed=500 + i, logprobs=0)
+              for i, c in enumerate(cases)]
+    (before,) = llm.collective_rpc(_mask_work)
+    outs = llm.generate(prompts, params)
+    (after,) = llm.collective_rpc(_mask_work)
+    steps, rows, idle = (a - b for a, b in zip(after, before))
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    assert tokens == 6 * len(prompts)
+    assert rows == tokens, f"{rows} rows extracted for {tokens} tokens"
+    assert idle >= len(prompts)          # at least each prompt's first chunk
+    assert 0 < steps <= rows
+    for out in outs:
+        check_alignment(out.outputs[0], len(tokenizer))
+    assert_supports_match_reference(outs, cases, hf_model)
+
+
 def _preemptions(llm) -> float:
     return sum(m.value for m in llm.get_metrics()
                if m.name == "vllm:num_preemptions" and hasattr(m, "value"))

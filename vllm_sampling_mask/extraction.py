@@ -14,7 +14,9 @@ The block of one step, `R` rows, compaction width `W`, `S` wide-row slots:
                    of the rows wider than W, from word `start_word` on
 
 Only the rows of requests that want a mask are extracted (`rows`, the batch
-rows, in order); the others cost nothing. `W` comes from the host-side top-k of
+rows, in order), less the rows whose sample the runner discards (partial
+prefill chunks: `DeviceMask.idle`, decoded as sampled nothing); the others
+cost nothing. `W` comes from the host-side top-k of
 those rows (the largest plus a margin for ties), capped at the engine's
 `max_size` (--max-sampling-mask-size, N): a support wider than N ends its
 request with an error, so nothing wider ever needs room. A row wider than `W`
@@ -153,14 +155,25 @@ class DeviceMask:
     # `support_logprobs.DeviceSupportLogprobs` of the rows that asked for them
     # (`return_sampling_mask_logprobs`), gathered in the same step; None: none asked
     support_logprobs: object | None = None
+    # The batch rows, ascending, whose request wants a mask but whose sample the
+    # runner discards this step (a partial prefill chunk): not extracted, they
+    # follow the block's rows in `row_of` and decode as sampled nothing (count 0).
+    idle: np.ndarray | None = None
+
+    @property
+    def n_idle(self) -> int:
+        return 0 if self.idle is None else len(self.idle)
 
     def row_of(self) -> np.ndarray:
-        """For each batch row, its row in the block, or -1 (no mask wanted)."""
+        """For each batch row, its row in the host form: the block's rows first,
+        then the idle rows (`layout.rows + i`); -1 for no mask wanted."""
         row_of = np.full(self.batch_rows, -1, dtype=np.int64)
         if self.rows is None:
             row_of[:] = np.arange(self.batch_rows)
         else:
             row_of[self.rows] = np.arange(len(self.rows))
+        if self.n_idle:
+            row_of[self.idle] = self.layout.rows + np.arange(self.n_idle)
         return row_of
 
 

@@ -310,6 +310,18 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "expanded_idx_mapping", "idx_mapping_np"),
         _s(f"{GPU}.sample.sampler", "Sampler.apply_sampling_params",
            "self.sampling_states.apply_temperature(", "self.sampling_states.apply_min_p("),
+        # the rows that sample nothing (partial prefill chunks), not extracted: the
+        # host mirror of upstream's rule (seq_len < prefill_len of the row's slot)
+        _d(f"{GPU}.input_batch", "InputBatch", "idx_mapping_np", "seq_lens_cpu_upper_bound"),
+        _s(f"{GPU}.sample.sampler", "Sampler.__init__", "self.req_states = req_states"),
+        _s(f"{GPU}.sample.sampler", "Sampler.__call__", "get_num_sampled_and_rejected(",
+           "input_batch.seq_lens,", "self.req_states.prefill_len.gpu"),
+        _n(f"{GPU}.input_batch", "_get_num_sampled_and_rejected_kernel"),
+        _s(f"{GPU}.states", "RequestState.__init__", "self.prefill_len = UvaBackedTensor("),
+        _s(f"{GPU}.model_runner", "GPUModelRunner.prepare_inputs",
+           "num_computed_tokens_np = self.req_states.num_computed_tokens_np[idx_mapping_np]",
+           "out=seq_lens_cpu_upper_bound_np[:num_reqs]",
+           "seq_lens_cpu_upper_bound=seq_lens_cpu_upper_bound"),
     ),
     "runner": (
         _f(f"{GPU}.model_runner", "GPUModelRunner.load_model", "self",
@@ -372,6 +384,14 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "self.generators"),
         _s(V1, "AsyncGPUModelRunnerOutput.get_output",
            "output.sampled_token_ids = valid_sampled_token_ids"),
+        # the rows whose sampled token is discarded this step (partial prefill
+        # chunks), not extracted: the host buffer `_prepare_inputs` fills for the
+        # step and `_bookkeeping_sync` clears (or invalidates) those rows' tokens by
+        _s(V1, "GPUModelRunner.__init__", "self.discard_request_mask = self._make_buffer("),
+        _s(V1, "GPUModelRunner._prepare_inputs", "self.discard_request_mask.np[:num_reqs] = ("),
+        _s(V1, "GPUModelRunner._bookkeeping_sync", "self.discard_request_mask.np[:num_reqs]",
+           "valid_sampled_token_ids[int(i)].clear()",
+           "invalid_req_indices = discard_sampled_tokens_req_indices.tolist()"),
     ),
     "scheduler": (
         _f(SCHED, "Scheduler.update_from_output", "self", "scheduler_output",

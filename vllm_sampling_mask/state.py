@@ -24,16 +24,26 @@ It owns:
   on a CUDA device, every extraction kernel variant a step can launch
   (`extraction.warm_up`, for the logits' dtype and row stride, and for float32
   rows), so no batch shape compiles one while serving;
-- `extractions`: the served steps in which it extracted rows (the profiling run
-  aside; a diagnostic the state route reports: under tensor parallelism only the
+- the rows a step extracts: those whose request wants a mask, less the rows
+  whose sample the runner discards this step (a partial prefill chunk: the
+  runner's own host-side record of them, `discarded`, one bool per batch row,
+  combined by `wanted & ~discarded`, no loop over rows). Those rows are not
+  extracted, take no width and no wide-row slot, and decode as sampled
+  nothing (count 0), as before;
+- `extractions`: the served steps in which it extracted rows; `extracted_rows`:
+  the rows it extracted in them; `idle_rows`: the rows that wanted a mask but
+  were left out because their sample is discarded (the profiling run aside;
+  diagnostics the state route reports: under tensor parallelism only the
   output rank has a state and extracts);
 - `pool`: the pinned host buffers of this runner's mask copies;
 - the step's hand-offs: `mask`, the device mask from the sampler's `sample`
   to the call that returns it (`mask.put` / `mask.take`); `copy`, the started
-  copy from Model Runner V2's `sample` to its `sample_tokens`; and the batch's
+  copy from Model Runner V2's `sample` to its `sample_tokens`; the batch's
   host top-k from the V1 runner to its sampler (`stage_top_k` /
-  `take_top_k`). A `take` that finds nothing raises `MissingSamplingMaskError`
-  naming the hop.
+  `take_top_k`); and the batch's discarded rows from the runner (V1's
+  `_sample`, Model Runner V2's `Sampler.__call__`) to the sampler's `sample`
+  (`stage_discarded` / `take_discarded`). A `take` that finds nothing raises
+  `MissingSamplingMaskError` naming the hop.
 """
 
 from __future__ import annotations
@@ -98,7 +108,10 @@ class SamplingMaskState:
         self.mask: HandOff[DeviceMask] = HandOff("the sampler returned without extracting one")
         self.copy: HandOff[MaskCopy] = HandOff("no mask copy was started for this step")
         self._top_k: np.ndarray | None = None
+        self._discarded: np.ndarray | None = None
         self.extractions = 0
+        self.extracted_rows = 0
+        self.idle_rows = 0
 
     # -- per request slot -------------------------------------------------
 
@@ -187,15 +200,32 @@ class SamplingMaskState:
             self.end_capture()
 
     def extract(self, processed_logits, top_k: np.ndarray, wanted: np.ndarray,
-                asked: np.ndarray | None = None, *, normalise: bool = False) -> DeviceMask:
-        """The support of the rows that want a mask (`wanted`, host bool per row),
-        with, for the rows in `asked`, their support logprobs (from the scaled
-        distribution `capture_scaled` recorded; `normalise`: `processed_logits`
-        are logits, not logprobs)."""
+                asked: np.ndarray | None = None, *, discarded: np.ndarray | None = None,
+                normalise: bool = False) -> DeviceMask:
+        """The support of the rows that want a mask (`wanted`, host bool per row)
+        and whose sample the runner keeps (not `discarded`, host bool per row: a
+        partial prefill chunk), with, for the rows in `asked`, their support
+        logprobs (from the scaled distribution `capture_scaled` recorded;
+        `normalise`: `processed_logits` are logits, not logprobs). The rows
+        left out for `discarded` ride on the mask as `DeviceMask.idle` (they
+        decode as sampled nothing). The profiling run extracts every row."""
+        wanted = np.asarray(wanted, dtype=bool)
+        idle = None
+        if discarded is not None and not self._worst_case:
+            discarded = np.asarray(discarded, dtype=bool)
+            idle = np.flatnonzero(wanted & discarded)
+            wanted = wanted & ~discarded
+            if asked is not None:
+                asked = np.asarray(asked, dtype=bool) & ~discarded
         mask = extract_selected(processed_logits, top_k, wanted, max_size=self.max_size,
                                 worst_case=self._worst_case, settings=self.settings)
-        if not self._worst_case and mask.layout.rows:
-            self.extractions += 1
+        if idle is not None and len(idle):
+            mask.idle = idle
+        if not self._worst_case:
+            self.idle_rows += mask.n_idle
+            if mask.layout.rows:
+                self.extractions += 1
+                self.extracted_rows += mask.layout.rows
         if asked is not None and mask.layout.rows and np.any(asked):
             scaled_top, self._scaled_top = self._scaled_top, None
             if scaled_top is None:
@@ -231,6 +261,20 @@ class SamplingMaskState:
             raise MissingSamplingMaskError(
                 hop, f"the runner did not hand over the batch's top-k for {rows} rows")
         return top_k
+
+    def stage_discarded(self, discarded: np.ndarray) -> None:
+        """The step's batch rows (host bool per row) whose sampled token the
+        runner discards (partial prefill chunks), from the runner's own host
+        arrays for the step."""
+        self._discarded = discarded
+
+    def take_discarded(self, hop: str, rows: int) -> np.ndarray:
+        discarded, self._discarded = self._discarded, None
+        if discarded is None or len(discarded) != rows:
+            raise MissingSamplingMaskError(
+                hop, f"the runner did not hand over the batch's discarded rows for "
+                f"{rows} rows")
+        return np.asarray(discarded, dtype=bool)
 
 
 _CAPTURING: ContextVar[SamplingMaskState | None] = ContextVar("sampling_mask_capture",

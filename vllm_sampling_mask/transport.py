@@ -72,23 +72,27 @@ class StepMasks:
     row whose support is wider than the size limit or that found no wide-row
     slot: those store their first W ids and `problem` says why they cannot be
     used. Rows of requests that want no mask have `row_of == -1`: `wants(i)`
-    is False and nothing else is defined for them."""
+    is False and nothing else is defined for them. The last `idle` rows are
+    batch rows whose request wants a mask but whose sample the runner discards
+    (a partial prefill chunk): they were not extracted and hold count 0, as a
+    row that sampled nothing does."""
 
     row_of: np.ndarray            # [batch rows] int64, row in counts/offsets, or -1
-    counts: np.ndarray            # [R] int32, true support size (0: sampled nothing)
+    counts: np.ndarray            # [R + idle] int32, true support size (0: sampled nothing)
     ids: np.ndarray               # [offsets[-1]] int32, each row's stored ids
-    offsets: np.ndarray           # [R + 1] int64
+    offsets: np.ndarray           # [R + idle + 1] int64
     width: int                    # W, the step's compacted columns
     wide: frozenset[int]          # rows wider than W, read exactly from their bits
     lost: frozenset[int]          # rows wider than W that found no wide-row slot
     max_size: int                 # --max-sampling-mask-size
     # Support logprobs (`return_sampling_mask_logprobs`), None when no row of the
-    # step asked: the rows that asked ([R] bool), float32 aligned with `ids` (each
-    # stored id's processed logprob) and float32 [R] log S; NaN in the rows that
+    # step asked: the rows that asked ([R + idle] bool), float32 aligned with `ids` (each
+    # stored id's processed logprob) and float32 [R + idle] log S; NaN in the rows that
     # did not ask (and where a row's logits held NaN: `problem` says so).
     asked_rows: np.ndarray | None = None
     logprobs: np.ndarray | None = None
     log_kept: np.ndarray | None = None
+    idle: int = 0                 # trailing rows not extracted (their sample is discarded)
 
     def asked(self, i: int) -> bool:
         """Whether batch row i carries support logprobs."""
@@ -111,6 +115,9 @@ class StepMasks:
         """Why batch row i cannot describe the draw of `token` exactly, or None."""
         r = int(self.row_of[i])
         count = int(self.counts[r])
+        if r >= len(self.counts) - self.idle:
+            return (f"the runner discards this row's sample this step (a partial "
+                    f"prefill chunk), so it was not extracted, yet token {token} was kept")
         if count > self.max_size:
             return (f"the support of a step had {count} ids, more than "
                     f"--max-sampling-mask-size {self.max_size} allows: raise the limit, "
@@ -145,16 +152,19 @@ def unpack_wide_row(head: np.ndarray, words: np.ndarray, start_word: int) -> np.
 
 
 def decode(block: np.ndarray, layout: MaskLayout, row_of: np.ndarray,
-           num_sampled=None, support_logprobs=None) -> StepMasks:
+           num_sampled=None, support_logprobs=None, idle: int = 0) -> StepMasks:
     """The host form of a block (copied out of `block`, which may be reused).
 
-    `row_of` maps batch rows to block rows (-1: no mask wanted). Rows whose
-    request produced no token this step (`num_sampled == 0`, e.g. a chunked
-    prefill) get count 0 and no problem is raised for them. Vectorised over
-    rows; only wide rows (rare: ties past W) are visited one by one.
+    `row_of` maps batch rows to host rows (-1: no mask wanted): the block's
+    rows, then `idle` rows that were not extracted (the runner discards their
+    sample: count 0, no ids). Rows whose request produced no token this step
+    (`num_sampled == 0`) get count 0 and no problem is raised for them.
+    Vectorised over rows; only wide rows (rare: ties past W) are visited one
+    by one.
     """
     meta, ids, bits = layout.views(block)
-    counts = meta[:, 0].copy()
+    counts = np.zeros(layout.rows + idle, dtype=np.int32)
+    counts[: layout.rows] = meta[:, 0]
     if num_sampled is not None:
         sampled = np.asarray(num_sampled)[: len(row_of)]
         masked = row_of >= 0
@@ -167,16 +177,18 @@ def decode(block: np.ndarray, layout: MaskLayout, row_of: np.ndarray,
             lost.add(r)
         else:
             wide[r] = unpack_wide_row(ids[r], bits[slot], start_word)
-    stored = np.minimum(counts, layout.width).astype(np.int64)
+    stored = np.minimum(counts, layout.width).astype(np.int64)   # idle rows: 0
     for r, support in wide.items():
         stored[r] = len(support)
-    offsets = np.zeros(layout.rows + 1, dtype=np.int64)
+    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(stored, out=offsets[1:])
+    in_block = stored[: layout.rows]
     if not wide:
-        flat = ids[np.arange(layout.width)[None, :] < stored[:, None]]
+        flat = ids[np.arange(layout.width)[None, :] < in_block[:, None]]
     else:
         flat = np.empty(int(offsets[-1]), dtype=np.int32)
-        keep = np.arange(layout.width)[None, :] < np.minimum(counts, layout.width)[:, None]
+        keep = (np.arange(layout.width)[None, :]
+                < np.minimum(counts[: layout.rows], layout.width)[:, None])
         keep[list(wide)] = False
         rr, cc = np.nonzero(keep)
         flat[offsets[rr] + cc] = ids[rr, cc]
@@ -184,26 +196,27 @@ def decode(block: np.ndarray, layout: MaskLayout, row_of: np.ndarray,
             flat[offsets[r]: offsets[r + 1]] = support
     asked_rows = logprobs = log_kept = None
     if support_logprobs is not None and len(support_logprobs.rows):
-        asked_rows = np.zeros(layout.rows, dtype=bool)
+        asked_rows = np.zeros(len(counts), dtype=bool)
         asked_rows[np.asarray(support_logprobs.rows, np.int64)] = True
-        logprobs, log_kept = _align_logprobs(support_logprobs, layout, meta, counts,
-                                             stored, offsets, wide)
+        logprobs, log_kept = _align_logprobs(support_logprobs, layout, meta, len(counts),
+                                             in_block, offsets, wide)
     return StepMasks(row_of=row_of, counts=counts, ids=np.ascontiguousarray(flat, np.int32),
                      offsets=offsets, width=layout.width, wide=frozenset(wide),
                      lost=frozenset(lost),
                      max_size=layout.max_size, asked_rows=asked_rows, logprobs=logprobs,
-                     log_kept=log_kept)
+                     log_kept=log_kept, idle=idle)
 
 
-def _align_logprobs(host, layout: MaskLayout, meta, counts, stored, offsets, wide):
-    """(flat float32 aligned with the stored ids, float32 [R] log S), NaN in the
-    rows that did not ask. Vectorised over rows; wide rows one by one."""
+def _align_logprobs(host, layout: MaskLayout, meta, n_rows, stored, offsets, wide):
+    """(flat float32 aligned with the stored ids, float32 [n_rows] log S), NaN in
+    the rows that did not ask (and the idle rows past the block's). Vectorised
+    over rows; wide rows one by one."""
     from vllm_sampling_mask.support_logprobs import align_row
 
     rows = np.asarray(host.rows, np.int64)
     values = np.full((layout.rows, layout.width), np.nan, np.float32)
     values[rows] = host.values
-    log_kept = np.full(layout.rows, np.nan, np.float32)
+    log_kept = np.full(n_rows, np.nan, np.float32)
     log_kept[rows] = host.log_kept
     keep = np.arange(layout.width)[None, :] < np.minimum(stored, layout.width)[:, None]
     keep[list(wide)] = False
@@ -231,6 +244,7 @@ class MaskCopy:
                  record_event: bool = False) -> None:
         self.layout = mask.layout
         self.row_of = mask.row_of()
+        self.idle = mask.n_idle
         self._event = None
         # Referenced until `result`: the copy below reads it on another stream.
         self._device_block = mask.block
@@ -268,7 +282,8 @@ class MaskCopy:
             rows, values, log_kept, tail = self._logprobs
             host = DeviceSupportLogprobs(values.numpy(), log_kept.numpy(), tail.numpy(), rows)
         try:
-            return decode(self._host.numpy(), self.layout, self.row_of, num_sampled, host)
+            return decode(self._host.numpy(), self.layout, self.row_of, num_sampled, host,
+                          self.idle)
         finally:
             if self._buffer is not None:
                 self._pool.give_back(self._buffer)

@@ -15,7 +15,8 @@ What: in `vllm/v1/engine/core.py`, only when `VLLM_SAMPLING_MASK_DEBUG_STATE=1`
     and MRv2 `req_states.num_reqs`, and whether the runner's mask state
     (`SamplingMaskState`, the declared `sampling_mask`) holds a hand-off between
     steps (`pending_sampling_mask`), with its work so far (`sampling_mask_work`:
-    steps extracted; null on a rank with no state, e.g. a tensor-parallel rank
+    steps extracted, rows extracted, and rows left out because the runner
+    discards their sample, e.g. partial prefill chunks; null on a rank with no state, e.g. a tensor-parallel rank
     whose output the executor drops). The fork's scheduler patch keeps
     no per-request state of its own (it slices each step's masks in place), so
     there is nothing of the fork's to count there. Without the variable nothing
@@ -43,7 +44,9 @@ def _work(runner) -> dict:
     leaves it out (`WORK`). No state (flag off, or a rank whose output the executor
     drops): None."""
     state = runner.sampling_mask
-    return None if state is None else {"extractions": state.extractions}
+    return None if state is None else {"extractions": state.extractions,
+                                       "extracted_rows": state.extracted_rows,
+                                       "idle_rows": state.idle_rows}
 
 
 def _pending(runner) -> int:

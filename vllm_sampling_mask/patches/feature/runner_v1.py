@@ -15,9 +15,13 @@ What: declares `GPUModelRunner.sampling_mask` (None with the flag off) and
       added with their sampling parameters, removed, moved by `condense`,
       swapped by the reorder) to its per-row "wants a mask", as a logits
       processor does; a step then reads it with one slice, no loop over rows;
-    - `GPUModelRunner._sample`: stages the batch's per-row top-k from the
-      host-side input batch (no device sync) for the sampler, and keeps the
-      returned `SamplerOutput.sampling_mask` in the state for `sample_tokens`;
+    - `GPUModelRunner._sample`: stages, for the sampler, the batch's per-row
+      top-k from the host-side input batch and the rows whose sampled token
+      upstream discards (`discard_request_mask.np`, which `_prepare_inputs`
+      filled for this step: partial prefill chunks; the sampler leaves them
+      out of the extraction), both host arrays (no device sync, no loop over
+      rows), and keeps the returned `SamplerOutput.sampling_mask` in the state
+      for `sample_tokens`;
     - `GPUModelRunner.sample_tokens`: on the synchronous path decodes the mask
       into the declared field `ModelRunnerOutput.sampling_mask_step`; on the
       asynchronous path (CUDA's default) starts a `transport.MaskCopy` on the
@@ -28,7 +32,8 @@ What: declares `GPUModelRunner.sampling_mask` (None with the flag off) and
       work only) into `ModelRunnerOutput.sampling_mask_step`;
     - `GPUModelRunner._dummy_sampler_run`: the memory-profiling run extracts
       inside `state.profiling()`, so the KV cache is sized with it included.
-    Rows that sampled nothing (partial prefills) decode as empty.
+    Rows that sample nothing (partial prefills) are not extracted and decode
+    as empty (count 0), one entry per batch row as before.
 Why: the V1 runner is what CPU hosts run natively and what most MoE models get
     on CUDA; its sampler applies custom logits processors before the support is
     taken, so the mask includes them.
@@ -87,7 +92,9 @@ def apply(module) -> None:
         state = self.sampling_mask
         if state is None:
             return wrapped(*args, **kwargs)
-        state.stage_top_k(self.input_batch.top_k_cpu[:self.input_batch.num_reqs])
+        num_reqs = self.input_batch.num_reqs
+        state.stage_top_k(self.input_batch.top_k_cpu[:num_reqs])
+        state.stage_discarded(self.discard_request_mask.np[:num_reqs])
         output = wrapped(*args, **kwargs)
         state.mask.put(output.sampling_mask)
         return output

@@ -6,12 +6,20 @@ What: in `vllm/v1/worker/gpu/sample/sampler.py`, declares
     sampler) and the dataclass field `SamplerOutput.sampling_mask` (None), and
     wraps `Sampler.add_request` (the state records the request's decision per
     slot, `validation.wants_mask`), `Sampler.sample` and `Sampler.__call__`.
-    With a state, `sample` compacts the support of the logits it sampled from
-    (after every processor and top-k/top-p/min-p) for the rows that want a
-    mask (`state.extract`, sized from their host-side top-k: no device sync)
-    and hands it to `__call__` (`state.mask.put`), which puts it on the
-    `SamplerOutput` it returns (`state.mask.take`: a mask of no rows when none wants
-    one; MissingSamplingMaskError when `sample` extracted none).
+    With a state, `__call__` first stages the batch rows that sample nothing
+    this step (`state.stage_discarded`: a partial prefill chunk, the host
+    mirror of upstream's own rule in `get_num_sampled_and_rejected`,
+    seq_len < prefill_len, from the step's host arrays:
+    `InputBatch.seq_lens_cpu_upper_bound` against the sampler's
+    `req_states.prefill_len.np` of the batch's slots; exact without
+    speculative decoding, which the flag refuses); `sample` compacts the
+    support of the logits it sampled from (after every processor and
+    top-k/top-p/min-p) for the rows that want a mask, less those
+    (`state.extract`, sized from their host-side top-k: no device sync; the
+    rows left out decode as sampled nothing), and hands it to `__call__`
+    (`state.mask.put`), which puts it on the `SamplerOutput` it returns
+    (`state.mask.take`: a mask of no rows when none wants one;
+    MissingSamplingMaskError when `sample` extracted none).
     Support logprobs: for the rows that asked (`state.asked[slots]`), `sample`
     runs upstream inside a capture, and the wrapped
     `SamplingStates.apply_min_p` (called by `apply_sampling_params` right
@@ -63,18 +71,40 @@ def apply(module) -> None:
         if state is None:
             return wrapped(*args, **kwargs)
         slots = argument(wrapped, args, kwargs, "idx_mapping_np")
-        asked = np.ones(len(slots), bool) if state.worst_case else state.asked[slots]
+        if state.worst_case:   # the profiling run: every row
+            asked, discarded = np.ones(len(slots), bool), None
+        else:
+            discarded = state.take_discarded("Sampler.sample", len(slots))
+            asked = state.asked[slots] & ~discarded   # a discarded row records nothing
         with state.capturing(asked):
             sampled, processed_logits = wrapped(*args, **kwargs)
             if state.capture_pending:   # no logits processing: nothing was scaled
                 state.capture_scaled(processed_logits)
         state.mask.put(state.extract(processed_logits, self.sampling_states.top_k.np[slots],
-                                     state.wants[slots], asked, normalise=True))
+                                     state.wants[slots], asked, discarded=discarded,
+                                     normalise=True))
         return sampled, processed_logits
 
     @wraps(module, "Sampler.__call__")
     def __call__(wrapped, self, args, kwargs):
+        state = self.sampling_mask
+        if state is None:
+            return wrapped(*args, **kwargs)
+        if not state.worst_case:
+            state.stage_discarded(_discarded(self, argument(wrapped, args, kwargs,
+                                                            "input_batch")))
         output = wrapped(*args, **kwargs)
-        if self.sampling_mask is not None:
-            output.sampling_mask = self.sampling_mask.mask.take("Sampler.__call__")
+        output.sampling_mask = state.mask.take("Sampler.__call__")
         return output
+
+
+def _discarded(sampler, input_batch) -> np.ndarray:
+    """The batch rows whose sampled token upstream discards this step (a partial
+    prefill chunk), from host arrays only: upstream's rule (seq_len <
+    prefill_len of the row's slot, `get_num_sampled_and_rejected`) on the step's
+    host-side sequence lengths (`seq_lens_cpu_upper_bound`, exact without
+    speculative decoding) and the slots' host-side prefill lengths, the ones the
+    device rule reads. Vectorised; no device sync."""
+    slots = input_batch.idx_mapping_np
+    seq_lens = input_batch.seq_lens_cpu_upper_bound.numpy()[: len(slots)]
+    return seq_lens < sampler.req_states.prefill_len.np[slots]

@@ -4,7 +4,10 @@ What: in `vllm/v1/sample/sampler.py`, declares `Sampler.sampling_mask` (the
     runner's `state.SamplingMaskState`; `runner_v1` sets it where upstream
     builds the sampler; None with the flag off) and wraps `Sampler.sample` and
     `Sampler.forward`. With a state, `sample` compacts, for the rows that want
-    a mask (`state.wants`, per persistent-batch row), the support of the
+    a mask (`state.wants`, per persistent-batch row) less the rows whose draw
+    the runner discards (partial prefill chunks: `state.take_discarded`, which
+    the runner staged from its `discard_request_mask`; they are not extracted
+    and decode as sampled nothing), the support of the
     processed logprobs it returns (`log_softmax` of the logits it sampled from,
     after every logits processor, custom ones included, penalties,
     temperature, min-p and top-k/top-p: the same -inf set), laid out from the
@@ -54,13 +57,16 @@ def apply(module) -> None:
         if state is None:
             return wrapped(*args, **kwargs)
         rows = argument(wrapped, args, kwargs, "logits").shape[0]
-        asked = np.ones(rows, bool) if state.worst_case else state.asked[:rows]
-        with state.capturing(asked):
-            sampled, processed_logprobs = wrapped(*args, **kwargs)
         if state.worst_case:   # the profiling run: every row, at the widest
             top_k, wanted = np.zeros(rows, np.int64), np.ones(rows, bool)
+            asked, discarded = np.ones(rows, bool), None
         else:
-            top_k, wanted = state.take_top_k("V1 Sampler.sample", rows), state.wants[:rows]
+            top_k = state.take_top_k("V1 Sampler.sample", rows)
+            discarded = state.take_discarded("V1 Sampler.sample", rows)
+            wanted = state.wants[:rows]
+            asked = state.asked[:rows] & ~discarded   # a discarded row records nothing
+        with state.capturing(asked):
+            sampled, processed_logprobs = wrapped(*args, **kwargs)
         if processed_logprobs is None:   # an all-greedy batch
             if wanted.any():
                 raise MissingSamplingMaskError(
@@ -68,7 +74,8 @@ def apply(module) -> None:
                     "batch in which some request wants a mask")
             state.mask.put(no_rows(rows, sampled.device))
         else:
-            state.mask.put(state.extract(processed_logprobs, top_k, wanted, asked))
+            state.mask.put(state.extract(processed_logprobs, top_k, wanted, asked,
+                                         discarded=discarded))
         return sampled, processed_logprobs
 
     @wraps(module, "Sampler.forward")
