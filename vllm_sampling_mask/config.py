@@ -33,12 +33,18 @@ def interpreted_triton_top_k() -> bool:
     return os.environ.get(TRITON_TOPK, "0") not in ("", "0")
 
 
-def mask_enabled(vllm_config) -> bool:
-    """True when the engine was started with return_sampling_mask.
+def mask_settings(vllm_config):
+    """The engine's `validation.EngineMaskSettings`, None when it was started
+    without return_sampling_mask.
 
-    `ModelConfig.overlay_sampling_mask` is declared on the class by the
+    `ModelConfig.sampling_mask_settings` is declared on the class by the
     `model_config` patch, so a config without it is an error, not "off"."""
-    return bool(vllm_config.model_config.overlay_sampling_mask)
+    return vllm_config.model_config.sampling_mask_settings
+
+
+def mask_enabled(vllm_config) -> bool:
+    """True when the engine was started with return_sampling_mask."""
+    return mask_settings(vllm_config) is not None
 
 
 def serving_mask_enabled(serving) -> bool:

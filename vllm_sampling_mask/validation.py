@@ -8,9 +8,21 @@ endpoint).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 FLAG = "--return-sampling-mask (return_sampling_mask=True)"
 # The default --max-sampling-mask-size: the widest support a step may return.
 DEFAULT_MAX_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class EngineMaskSettings:
+    """The engine's sampling-mask settings (`--return-sampling-mask` and its size
+    limit): the one object the overlay keeps on `ModelConfig`
+    (`ModelConfig.sampling_mask_settings`, None with the flag off), pickled with the
+    config to the engine-core and worker processes."""
+
+    max_size: int = DEFAULT_MAX_SIZE   # --max-sampling-mask-size
 # The key in `SamplingParams.extra_args` that says, once the input processor has
 # decided, whether a request's outputs carry a mask.
 MASK_ARG = "return_sampling_mask"

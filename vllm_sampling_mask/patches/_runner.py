@@ -33,4 +33,4 @@ def mask_state_for(runner) -> SamplingMaskState | None:
     every_rank = config.parallel_config.distributed_executor_backend == "external_launcher"
     if not every_rank and not is_output_rank():
         return None
-    return SamplingMaskState(runner.max_num_reqs, runner.model_config.max_sampling_mask_size)
+    return SamplingMaskState(runner.max_num_reqs, runner.model_config.sampling_mask_settings.max_size)

@@ -7,8 +7,8 @@ What: adds the dataclass fields `return_sampling_mask: bool = False` (0.27.1;
     `--return-sampling-mask` (0.27.1; on 0.32 upstream's option gets this
     help text) and `--max-sampling-mask-size` to the ModelConfig group; copies
     the values onto the `ModelConfig` that `create_model_config` builds
-    (`overlay_sampling_mask`; on 0.32 upstream's own `return_sampling_mask`
-    is left False there, so its Model-Runner-V2-only machinery, its config
+    (`sampling_mask_settings`; on 0.32 upstream's own `return_sampling_mask`
+    is set False there, so its Model-Runner-V2-only machinery, its config
     checks and its request checks stay off and the overlay's runs instead:
     `UPSTREAM_MASK`); and, in
     `create_engine_config`, refuses configurations the mask cannot be exact
@@ -28,7 +28,7 @@ import argparse
 
 from vllm_sampling_mask.patches._dataclass import add_field
 from vllm_sampling_mask.patches._wrap import wraps
-from vllm_sampling_mask.validation import DEFAULT_MAX_SIZE, startup_errors
+from vllm_sampling_mask.validation import DEFAULT_MAX_SIZE, EngineMaskSettings, startup_errors
 
 # Whether the release has a sampling mask of its own (vLLM #49577, 0.28 on): the
 # `return_sampling_mask` field and option exist, and `ModelConfig.return_sampling_mask`
@@ -85,11 +85,11 @@ def apply(module) -> None:
     @wraps(module, "EngineArgs.create_model_config")
     def create_model_config(wrapped, self, args, kwargs):
         model_config = wrapped(*args, **kwargs)
-        model_config.overlay_sampling_mask = bool(self.return_sampling_mask)
-        # upstream's own switch: off where the release has a mask of its own
-        model_config.return_sampling_mask = (bool(self.return_sampling_mask)
-                                             and not upstream_mask)
-        model_config.max_sampling_mask_size = int(self.max_sampling_mask_size)
+        model_config.sampling_mask_settings = (
+            EngineMaskSettings(max_size=int(self.max_sampling_mask_size))
+            if self.return_sampling_mask else None)
+        if upstream_mask:   # upstream's own switch stays off: the overlay's runs
+            model_config.return_sampling_mask = False
         return model_config
 
     from vllm import envs

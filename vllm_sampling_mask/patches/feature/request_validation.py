@@ -25,7 +25,7 @@ Remove when: upstream validates sampling-mask requests (vLLM #49577).
 
 from __future__ import annotations
 
-from vllm_sampling_mask.config import mask_enabled
+from vllm_sampling_mask.config import mask_enabled, mask_settings
 from vllm_sampling_mask.errors import SamplingMaskRequestError
 from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.validation import (DEFAULT_MAX_SIZE, LOGPROBS_ARG, MASK_ARG,
@@ -59,10 +59,10 @@ def apply(module) -> None:
     from vllm.sampling_params import SamplingParams
 
     def check(self, params) -> tuple[bool, bool]:
-        config = self.vllm_config.model_config
-        return decide(params, engine_on=mask_enabled(self.vllm_config),
-                      max_size=config.max_sampling_mask_size,
-                      vocab_size=config.get_vocab_size())
+        settings = mask_settings(self.vllm_config)
+        return decide(params, engine_on=settings is not None,
+                      max_size=settings.max_size if settings else DEFAULT_MAX_SIZE,
+                      vocab_size=self.vllm_config.model_config.get_vocab_size())
 
     @wraps(module, "InputProcessor._validate_params")
     def _validate_params(wrapped, self, args, kwargs):

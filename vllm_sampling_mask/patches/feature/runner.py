@@ -4,7 +4,7 @@ start the mask's copy with the step's output copy.
 What: wraps, in `vllm/v1/worker/gpu/model_runner.py` (the CPU runner inherits
     these), and declares `GPUModelRunner.sampling_mask` (None with the flag off):
     - `load_model`, which builds `self.sampler`: with
-      `model_config.return_sampling_mask` it builds one `state.SamplingMaskState`
+      `model_config.sampling_mask_settings` it builds one `state.SamplingMaskState`
       (per request slot, `max_num_reqs`; --max-sampling-mask-size) and hands it
       to the runner and its sampler (`Sampler.sampling_mask`) on the output rank
       only (`_runner.mask_state_for`: under tensor parallelism the other ranks'

@@ -4,7 +4,7 @@ What: declares `GPUModelRunner.sampling_mask` (None with the flag off) and
     wraps, in `vllm/v1/worker/gpu_model_runner.py` (the CPU runner inherits
     these):
     - `GPUModelRunner.__init__`, which builds `self.sampler`: with
-      `model_config.return_sampling_mask` it builds one
+      `model_config.sampling_mask_settings` it builds one
       `state.SamplingMaskState` (per persistent-batch row, `max_num_reqs`) and
       hands it to the runner and its sampler (`Sampler.sampling_mask`), on the
       output rank only (`_runner.mask_state_for`: under tensor parallelism the
