@@ -17,9 +17,9 @@ from vllm_sampling_mask.patches import REGISTRY
 
 # The tests that read the patch itself; the behaviour (the first test) holds on
 # every supported release: with the patch on 0.27.1, by upstream's own per-row
-# seeds on 0.32 (the record's `versions` says so).
+# seeds from 0.32 on (the record's `until` says so).
 patched_here = pytest.mark.skipif(
-    patching.upstream_release() not in REGISTRY["cpu_seeded_sampling"].versions,
+    not REGISTRY["cpu_seeded_sampling"].applies_to(patching.upstream_release()),
     reason="cpu_seeded_sampling is not applied on this vLLM release: upstream's "
            "forward_cpu draws each seeded row from its own generator")
 

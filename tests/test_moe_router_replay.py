@@ -45,12 +45,15 @@ V1_REFUSAL = "AuxOutput Connector requires Model Runner V2"
 
 
 def expected_refusal() -> str | None:
-    """Why this release refuses router replay on the V1 runner here, or None."""
-    from vllm_sampling_mask.patching import upstream_release
+    """Why this release refuses router replay on the V1 runner here, or None: the
+    release's own refusal at configuration where its source has it (0.32), else
+    the CPU backend's (0.27.1)."""
+    from vllm_sampling_mask.seam_report import installed_vllm_dir
 
-    if upstream_release() == "0.27.1":
-        return None if torch.cuda.is_available() else CPU_REFUSAL
-    return V1_REFUSAL
+    if any(V1_REFUSAL in f.read_text("utf-8", "replace")
+           for f in pathlib.Path(installed_vllm_dir()).rglob("config/*.py")):
+        return V1_REFUSAL
+    return None if torch.cuda.is_available() else CPU_REFUSAL
 PROMPTS = ["def main():\n    ", "import os\nimport sys\n\n", "    for i in range(",
            "class Parser:\n    def __init__(self"]
 

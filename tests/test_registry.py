@@ -14,6 +14,7 @@ import pytest
 from vllm_sampling_mask import SUPPORTED_VLLM
 from vllm_sampling_mask.patches import REGISTRY, Kind, Patch
 from vllm_sampling_mask.patches._wrap import argument, with_argument
+from vllm_sampling_mask.releases import RELEASES
 
 
 def _closure(name: str, after_of=None) -> set[str]:
@@ -47,7 +48,7 @@ def undeclared_stacks(wraps: list, after_of: dict) -> list[str]:
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
-def test_each_record_names_its_module_kind_versions_and_upstream(name):
+def test_each_record_names_its_module_kind_span_and_upstream(name):
     record = REGISTRY[name]
     assert isinstance(record, Patch) and record.name == name
     module = importlib.import_module(record.module)
@@ -56,7 +57,12 @@ def test_each_record_names_its_module_kind_versions_and_upstream(name):
     header = module.__doc__ or ""
     assert "What" in header and "Remove when" in header, f"{name}: header incomplete"
     assert record.targets and all(isinstance(t, str) for t in record.targets)
-    assert record.versions and set(record.versions) <= set(SUPPORTED_VLLM)
+    for bound in (record.since, record.until):   # a listed release, or open-ended
+        assert bound is None or bound in SUPPORTED_VLLM, (name, bound)
+    assert any(record.applies_to(r) for r in RELEASES), f"{name}: applies to no release"
+    for release in RELEASES:                     # every `{role}` is a role of each release
+        if record.applies_to(release):
+            assert all(t.startswith(("vllm", "triton")) for t in record.targets_for(release))
     assert record.upstream.strip() and record.remove_when.strip()
     if record.kind is Kind.FIX:
         assert "#" in record.upstream or "would file" in record.upstream, (

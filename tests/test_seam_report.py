@@ -177,15 +177,15 @@ def test_a_wheel_is_read_without_unpacking_and_gives_the_same_findings(tmp_path)
     assert _status(_findings(wheel)) == _status(_findings(root))
 
 
-def test_entries_follow_the_versions_they_name(tmp_path):
+def test_entries_follow_the_span_they_name(tmp_path):
     from vllm_sampling_mask import SUPPORTED_VLLM
 
     entries = {"step": (
         Function("vllm.engine.core", "Engine.step", ("self", "old_name"),
-                 versions=("0.27.1",)),
+                 until=SUPPORTED_VLLM[1]),
         Function("vllm.engine.core", "Engine.step",
                  ("self", "scheduler_output", "model_output"),
-                 versions=(SUPPORTED_VLLM[-1],)))}
+                 since=SUPPORTED_VLLM[1]))}
     root = _write(tmp_path, BASE)
     # the tree's 9.9.9 is no supported release: it is read as the newest one (a port
     # starts from there)

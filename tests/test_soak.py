@@ -157,10 +157,10 @@ def test_upstream_build_app_has_the_route_only_with_the_variable(monkeypatch):
     patching.apply_patch("debug_state")
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from vllm_sampling_mask.patches._moved import upstream
     from vllm_sampling_mask.patches.diagnostics import debug_state, debug_state_core
-    build_app = upstream("build_app")
-    args = upstream("make_arg_parser")(FlexibleArgumentParser()).parse_args([])
+    build_app = patching.upstream("build_app", "app")
+    args = patching.upstream("make_arg_parser", "cli_args")(
+        FlexibleArgumentParser()).parse_args([])
     monkeypatch.delenv(debug_state_core.ENV, raising=False)
     paths = {r.path for r in build_app(args, ("generate",)).routes}
     assert "/inference/v1/generate" in paths and debug_state.PATH not in paths

@@ -1,4 +1,4 @@
-"""vLLM sampling masks for RL rollouts: an overlay on vLLM 0.27.1.
+"""vLLM sampling masks for RL rollouts: an overlay on vLLM 0.27 to 0.32.
 
 Installing this package makes the stock `vllm` behave as the fork in every
 process (see `docs/design.md`). This module stays import-light: the site hook
@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 
+from vllm_sampling_mask.releases import SUPPORTED as SUPPORTED_VLLM
+
 __version__ = "0.1.0"
-# The vLLM releases this overlay is written for (the version guard's list, and
-# every patch record's default `versions`): adding a release is a change here
-# and in the records of the patches that differ.
-SUPPORTED_VLLM: tuple[str, ...] = ("0.27.1", "0.32.0")
+# SUPPORTED_VLLM: the vLLM releases this overlay is written for, oldest first (the
+# version guard's list), from their profiles in `releases.RELEASES`: adding a release
+# is a profile there plus the records and seam entries it changes.
 UPSTREAM_VERSION = SUPPORTED_VLLM[-1]  # the newest supported release
 
 DEMO_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_model")

@@ -45,23 +45,18 @@ def server_command(port: int, model: str = DEMO_MODEL, extra=(), mask: bool = Tr
     """The `vllm serve` command line; `mask=False` leaves out `--return-sampling-mask`
     (the same `--logprobs-mode processed_logprobs`, so the two differ in the mask
     alone) and, on a release that serves `/inference/v1/generate` only behind an
-    option of its own without it (`GENERATE_ROUTE_OPTION`), adds that option, so
-    both servers answer the same routes."""
+    option of its own without it (`Release.generate_route_option`), adds that
+    option, so both servers answer the same routes."""
     exe = os.path.join(os.path.dirname(sys.executable), "vllm")
     if mask:
         switch = ["--return-sampling-mask"]
     else:
         from vllm_sampling_mask.patching import upstream_release
-        switch = list(GENERATE_ROUTE_OPTION[upstream_release()])
+        switch = list(upstream_release().generate_route_option)
     return [exe, "serve", model, "--port", str(port), "--host", "127.0.0.1",
             "--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
             "--kv-cache-memory-bytes", "1G", *switch,
             "--logprobs-mode", "processed_logprobs", *extra]
-
-
-# What a server without --return-sampling-mask needs to serve /inference/v1/generate
-# (vLLM 0.32 gates it with --enable-scale-out; with the mask on the overlay serves it)
-GENERATE_ROUTE_OPTION = {"0.27.1": (), "0.32.0": ("--enable-scale-out",)}
 
 
 def server_env(runner: str | None = None) -> dict[str, str]:

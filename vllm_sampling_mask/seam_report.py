@@ -348,8 +348,8 @@ def report(tree: SourceTree, version: str | None = None,
     (default: the tree's own)."""
     version = version or tree.version()
     table = _seams.SEAMS if table is None else table
-    return [check(tree, patch, entry) for patch, rows in table.items()
-            if _seams.patch_applies(patch, version)
+    return [check(tree, patch, _seams._resolved(entry, version))
+            for patch, rows in table.items() if _seams.patch_applies(patch, version)
             for entry in rows if _seams.applies(entry, version)]
 
 

@@ -14,21 +14,27 @@ Two consumers: `tests/test_seams.py` checks every entry against the installed vL
 importing it, and `python -m vllm_sampling_mask.seam_report PATH` checks them statically
 (`ast`) against any vLLM source tree or wheel, without importing it.
 
-Per-version differences are data, not code: every entry has `versions`, the vLLM releases
-it applies to (`None`: every release). When a release moves a seam, the old entry gets
-`versions=("0.27.1",)` and a new entry with the release's own shape is added beside it;
-`for_version()` picks the entries of one release.
+Per-release differences are data, not code: every entry holds over a span of the
+supported releases (`releases.RELEASES`), `since` one (inclusive) `until` the release
+that changed it (exclusive), open-ended by default. When a release changes a seam, the
+old entry gets `until=` that release and a new entry with the release's own shape is
+added beside it with `since=`; a module the release moved is written `{role}` and read
+from the release's profile (`Release.modules`). `for_version()` picks the entries of one
+release; a version that is not listed is read as `releases.nearest(version)`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Union
 
-__all__ = ["Function", "Name", "Fields", "SourceUses", "Entry", "SEAMS", "for_version",
-           "entries", "applies", "patch_applies"]
+from vllm_sampling_mask import releases
+from vllm_sampling_mask.releases import Release
 
-Versions = Union[tuple[str, ...], None]
+__all__ = ["Function", "Name", "Fields", "SourceUses", "Entry", "SEAMS", "for_version",
+           "entries", "applies", "patch_applies", "release_of"]
+
+Since = Union[str, None]
 
 
 @dataclass(frozen=True)
@@ -37,7 +43,8 @@ class Function:
     module: str
     name: str
     params: tuple[str, ...]
-    versions: Versions = None
+    since: Since = None
+    until: Since = None
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,8 @@ class Name:
     """`module.name` (dotted) resolves."""
     module: str
     name: str
-    versions: Versions = None
+    since: Since = None
+    until: Since = None
 
 
 @dataclass(frozen=True)
@@ -54,7 +62,8 @@ class Fields:
     module: str
     name: str
     fields: tuple[str, ...]
-    versions: Versions = None
+    since: Since = None
+    until: Since = None
 
 
 @dataclass(frozen=True)
@@ -63,78 +72,80 @@ class SourceUses:
     module: str
     name: str
     uses: tuple[str, ...]
-    versions: Versions = None
+    since: Since = None
+    until: Since = None
 
 
 Entry = Union[Function, Name, Fields, SourceUses]
 
 
-def release_of(version: str) -> str:
-    """The supported release whose entries describe vLLM `version`: itself (local
-    suffix ignored), or for a release the overlay does not support (the next port,
-    read by `seam_report`), the newest supported one, where that port starts."""
-    from vllm_sampling_mask import SUPPORTED_VLLM
-
-    base = version.split("+")[0]
-    return base if base in SUPPORTED_VLLM else SUPPORTED_VLLM[-1]
+def release_of(version: str) -> Release:
+    """The profile whose entries describe vLLM `version` (`releases.nearest`: itself,
+    or for a release that is not listed, the next port read by `seam_report`, the
+    newest listed release not newer than it)."""
+    return releases.nearest(version)
 
 
 def applies(entry: Entry, version: str | None) -> bool:
-    """Whether `entry` holds for vLLM `version` ("0.27.1", local suffix ignored)."""
-    if entry.versions is None or version is None:
-        return True
-    return release_of(version) in entry.versions
+    """Whether `entry` holds for vLLM `version` ("0.27.1", local suffix ignored;
+    None: every entry)."""
+    return version is None or releases.within(release_of(version), entry.since, entry.until)
 
 
 def patch_applies(patch: str, version: str | None) -> bool:
     """Whether the patch's registry record is applied on vLLM `version`: a patch
     written for other releases has no contract with this one (its entries are
-    left out, whatever their own `versions`)."""
+    left out, whatever their own span)."""
     from vllm_sampling_mask.patches import REGISTRY
 
     record = REGISTRY.get(patch)
-    if record is None or version is None:
-        return True
-    return release_of(version) in record.versions
+    return record is None or version is None or record.applies_to(release_of(version))
+
+
+def _resolved(entry: Entry, version: str | None) -> Entry:
+    """`entry` with its `{role}` module read from `version`'s profile (None: as written)."""
+    if version is None or not entry.module.startswith("{"):
+        return entry
+    return replace(entry, module=releases.resolve(entry.module, release_of(version)))
 
 
 def entries(kind: type | None = None, version: str | None = None
             ) -> Iterator[tuple[str, Entry]]:
-    """(patch, entry) for every entry of `kind` that applies to `version`."""
+    """(patch, entry) for every entry of `kind` that applies to `version`, its module
+    resolved for that release."""
     for patch, rows in SEAMS.items():
         if not patch_applies(patch, version):
             continue
         for entry in rows:
             if (kind is None or isinstance(entry, kind)) and applies(entry, version):
-                yield patch, entry
+                yield patch, _resolved(entry, version)
 
 
 def for_version(version: str | None) -> dict[str, tuple[Entry, ...]]:
     """patch -> the entries that apply to `version` (patches without any are left out)."""
-    out: dict[str, tuple[Entry, ...]] = {}
-    for patch, rows in SEAMS.items():
-        if not patch_applies(patch, version):
-            continue
-        kept = tuple(e for e in rows if applies(e, version))
-        if kept:
-            out[patch] = kept
-    return out
+    out: dict[str, list[Entry]] = {}
+    for patch, entry in entries(version=version):
+        out.setdefault(patch, []).append(entry)
+    return {patch: tuple(rows) for patch, rows in out.items()}
 
 
-def _f(module: str, name: str, *params: str, versions: Versions = None) -> Function:
-    return Function(module, name, tuple(params), versions)
+def _f(module: str, name: str, *params: str, since: Since = None, until: Since = None
+       ) -> Function:
+    return Function(module, name, tuple(params), since, until)
 
 
-def _n(module: str, name: str, versions: Versions = None) -> Name:
-    return Name(module, name, versions)
+def _n(module: str, name: str, since: Since = None, until: Since = None) -> Name:
+    return Name(module, name, since, until)
 
 
-def _d(module: str, name: str, *fields: str, versions: Versions = None) -> Fields:
-    return Fields(module, name, tuple(fields), versions)
+def _d(module: str, name: str, *fields: str, since: Since = None, until: Since = None
+       ) -> Fields:
+    return Fields(module, name, tuple(fields), since, until)
 
 
-def _s(module: str, name: str, *uses: str, versions: Versions = None) -> SourceUses:
-    return SourceUses(module, name, tuple(uses), versions)
+def _s(module: str, name: str, *uses: str, since: Since = None, until: Since = None
+       ) -> SourceUses:
+    return SourceUses(module, name, tuple(uses), since, until)
 
 
 GPU = "vllm.v1.worker.gpu"
@@ -142,8 +153,8 @@ CPU_MOE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
 API_SERVER = "vllm.entrypoints.openai.api_server"
 EXC_REGISTER = "vllm.entrypoints.serve.exception_handling.register"
 EXC_HANDLERS = "vllm.entrypoints.serve.exception_handling.handlers"
-V0_27 = ("0.27.1",)
-V0_32 = ("0.32.0",)
+# the release that changed a seam: entries before it say `until=`, after it `since=`
+R32 = "0.32.0"
 # Where a runner adapter asks whether its worker is the executor's output rank
 # (`patches/_runner.py`): the groups, and the executor's own definition of that rank.
 _PS = "vllm.distributed.parallel_state"
@@ -236,8 +247,8 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _f(IP, "InputProcessor._validate_params", "self", "params", "supported_tasks"),
         _f(IP, "InputProcessor._validate_model_input", "self", "prompt_input",
            "prompt_type"),
-        _f(IP, "InputProcessor.process_inputs", *_PROCESS_INPUTS, versions=V0_27),
-        _f(IP, "InputProcessor.process_inputs", *_PROCESS_INPUTS_032, versions=V0_32),
+        _f(IP, "InputProcessor.process_inputs", *_PROCESS_INPUTS, until=R32),
+        _f(IP, "InputProcessor.process_inputs", *_PROCESS_INPUTS_032, since=R32),
         _n("vllm.config.model", "ModelConfig.get_vocab_size"),
         _n("vllm.sampling_params", "SamplingParams.bad_words_token_ids"),
         _n("vllm.sampling_params", "SamplingParams.__struct_fields__"),
@@ -287,18 +298,18 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     ),
     "request_validation": (
         _f(IP, "InputProcessor._validate_params", "self", "params", "supported_tasks"),
-        _f(IP, "InputProcessor.process_inputs", *_PROCESS_INPUTS, versions=V0_27),
-        _f(IP, "InputProcessor.process_inputs", *_PROCESS_INPUTS_032, versions=V0_32),
+        _f(IP, "InputProcessor.process_inputs", *_PROCESS_INPUTS, until=R32),
+        _f(IP, "InputProcessor.process_inputs", *_PROCESS_INPUTS_032, since=R32),
     ),
     # -- the mask's path: sampler -> runner output -> scheduler -> client -> user ----------
     "sampler": (
         _f(f"{GPU}.sample.sampler", "Sampler.sample", "self", "logits",
            "expanded_idx_mapping", "idx_mapping_np", "pos", "input_ids",
-           "expanded_local_pos", "return_logprobs", versions=V0_27),
+           "expanded_local_pos", "return_logprobs", until=R32),
         _f(f"{GPU}.sample.sampler", "Sampler.sample", "self", "logits",
            "expanded_idx_mapping", "idx_mapping", "idx_mapping_np", "pos", "input_ids",
            "expanded_local_pos", "seq_lens_upper_bound_np", "return_logprobs",
-           versions=V0_32),
+           since=R32),
         _f(f"{GPU}.sample.sampler", "Sampler.__call__", "self", "logits", "input_batch"),
         _d(f"{GPU}.sample.output", "SamplerOutput", "sampled_token_ids"),
         _s(f"{GPU}.sample.sampler", "Sampler.__init__", "self.sampling_states",
@@ -325,9 +336,9 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     ),
     "runner": (
         _f(f"{GPU}.model_runner", "GPUModelRunner.load_model", "self",
-           "load_dummy_weights", "args", "kwargs", versions=V0_27),
+           "load_dummy_weights", "args", "kwargs", until=R32),
         _f(f"{GPU}.model_runner", "GPUModelRunner.load_model", "self",
-           "load_dummy_weights", "args", "model", "kwargs", versions=V0_32),
+           "load_dummy_weights", "args", "model", "kwargs", since=R32),
         _f(f"{GPU}.model_runner", "GPUModelRunner._dummy_sampler_run", "self",
            "hidden_states"),
         _f(f"{GPU}.model_runner", "GPUModelRunner._remove_request", "self", "req_id"),
@@ -340,10 +351,10 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     "async_output": (
         _f(f"{GPU}.async_utils", "AsyncOutput.__init__", "self", "model_runner_output",
            "sampler_output", "num_sampled_tokens", "main_stream", "copy_stream",
-           "check_ep_fault", versions=V0_27),
+           "check_ep_fault", until=R32),
         _f(f"{GPU}.async_utils", "AsyncOutput.__init__", "self", "model_runner_output",
            "sampler_output", "num_sampled_tokens", "main_stream", "copy_stream",
-           "check_ep_fault", "pending_aux_output", versions=V0_32),
+           "check_ep_fault", "pending_aux_output", since=R32),
         _f(f"{GPU}.async_utils", "AsyncOutput.get_output", "self"),
         _f(f"{GPU}.async_utils", "stream", "to_stream", "from_stream"),
         _s(f"{GPU}.async_utils", "AsyncOutput.__init__", "self.num_sampled_tokens_np",
@@ -406,9 +417,9 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     ),
     "output_processor": (
         _f(OP, "OutputProcessor.process_outputs", "self", "engine_core_outputs",
-           "engine_core_timestamp", "iteration_stats", versions=V0_27),
+           "engine_core_timestamp", "iteration_stats", until=R32),
         _f(OP, "OutputProcessor.process_outputs", "self", "engine_core_outputs",
-           "engine_core_timestamp", "iteration_stats", "weight_version", versions=V0_32),
+           "engine_core_timestamp", "iteration_stats", "weight_version", since=R32),
         _f(OP, "RequestState.from_new_request", "tokenizer", "request", "prompt",
            "parent_req", "request_index", "queue", "log_stats", "stream_interval"),
         _f(OP, "RequestState._new_completion_output", "self", "token_ids",
@@ -423,15 +434,15 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     # -- the HTTP routes -----------------------------------------------------------------
     "generate_protocol": (
         _n(TITO_P, "GenerateRequest"),
-        *(_n(TITO_P, name, versions=V0_27) for name in (
+        *(_n(TITO_P, name, until=R32) for name in (
             "GenerateResponseChoice", "GenerateResponse")),
         # 0.32: one response and choice class per output mode, streamed or not
         *(_d(TITO_P, f"Generate{mode}{kind}Choice", "index", "token_ids", "sampling_mask",
-             versions=V0_32)
+             since=R32)
           for mode in ("Tokens", "Text") for kind in ("", "Stream")),
-        *(_d(TITO_P, f"Generate{mode}{kind}Response", "choices", versions=V0_32)
+        *(_d(TITO_P, f"Generate{mode}{kind}Response", "choices", since=R32)
           for mode in ("Tokens", "Text") for kind in ("", "Stream")),
-        _n(TITO_P, "GenerateResponseBase", versions=V0_32),
+        _n(TITO_P, "GenerateResponseBase", since=R32),
     ),
     "generate_endpoint": (
         _f(TITO, "ServingTokens.serve_tokens", "self", "request", "raw_request"),
@@ -440,12 +451,11 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _f(TITO, "ServingTokens.serve_tokens_stream_generator", "self", "request",
            "result_generator", "request_id", "model_name", "request_metadata"),
         # the routes: error responses, and the error events `open_stream` turns into them
-        _n(TITO_P, "GenerateResponse", versions=V0_27),
-        _n(TITO_P, "GenerateResponseBase", versions=V0_32),
+        _n(TITO_P, "GenerateResponse", until=R32),
+        _n(TITO_P, "GenerateResponseBase", since=R32),
         _n(TITO, "ServingTokens.create_error_response"),
         _n("vllm.sampling_params", "RequestOutputKind.FINAL_ONLY"),
-        _n("vllm.entrypoints.openai.engine.protocol", "ErrorResponse", versions=V0_27),
-        _n("vllm.entrypoints.serve.engine.protocol", "ErrorResponse", versions=V0_32),
+        _n("{error_response}", "ErrorResponse"),
         _n("vllm.exceptions", "VLLMClientError"),
         # `StreamMasks`: each result's outputs are iterated once, each chunk is built from
         # the output being iterated and sent as a `data: {json}` event; the choices of
@@ -457,24 +467,24 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _s(TITO, "ServingTokens.serve_tokens_stream_generator",
            'yield f"data: {chunk.model_dump_json()}\\n\\n"',
            # sized from the first result: `every_choice_first` hands it every choice
-           "num_generated_tokens = [0] * len(res.outputs)", versions=V0_27),
+           "num_generated_tokens = [0] * len(res.outputs)", until=R32),
         # 0.32: chunks leave out absent fields; counters sized by n (fixed upstream)
         _s(TITO, "ServingTokens.serve_tokens_stream_generator",
            'yield f"data: {chunk.model_dump_json(exclude=exclude)}\\n\\n"',
-           "num_generated_tokens = [0] * sampling_params.n", versions=V0_32),
+           "num_generated_tokens = [0] * sampling_params.n", since=R32),
         _s(TITO, "ServingTokens.serve_tokens",
            "RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY",
-           versions=V0_32),
+           since=R32),
         _s(TITO, "ServingTokens.serve_tokens_full_generator", "index=output.index"),
         _s(TITO_R, "generate", "isinstance(generator, ErrorResponse)"),
     ),
     "generate_route": (
         _f("vllm.entrypoints.scale_out.factories", "register_scale_out_api_routers",
-           "app", "supported_tasks", versions=V0_32),
+           "app", "supported_tasks", since=R32),
         _s("vllm.entrypoints.scale_out.factories", "register_scale_out_api_routers",
            'getattr(args, "enable_scale_out", False)', "disabled_scale_out",
-           'getattr(args, "tokens_only", False)', versions=V0_32),
-        _n(TITO_R, "router", versions=V0_32),
+           'getattr(args, "tokens_only", False)', since=R32),
+        _n(TITO_R, "router", since=R32),
     ),
     "completion_protocol": (
         _f(f"{CMPL}.protocol", "CompletionRequest.to_sampling_params", "self",
@@ -533,36 +543,31 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     # engine-core client, the utility call by name, and the per-request containers it
     # counts in the engine core and the workers.
     "debug_state": (
-        _f(API, "build_app", "args", "supported_tasks", "model_config", versions=V0_27),
-        _f("vllm.entrypoints.launchers.app", "build_app", "args", "supported_tasks",
-           "model_config", versions=V0_32),
+        _f("{app}", "build_app", "args", "supported_tasks", "model_config"),
         _f("vllm.v1.engine.core_client", "AsyncMPClient.call_utility_async", "self",
            "method", "args"),
-        _s(API, "init_app_state", "state.engine_client = engine_client", versions=V0_27),
-        _s("vllm.entrypoints.launchers.api_server.app_state", "init_app_state",
-           "state.engine_client = engine_client", versions=V0_32),
+        _s("{app_state}", "init_app_state", "state.engine_client = engine_client"),
         _s(ALLM, "AsyncLLM.__init__", "self.output_processor = ", "self.engine_core = "),
         _s(OP, "OutputProcessor.__init__", "self.request_states", "self.parent_requests"),
     ),
     # Request errors as people read them: the API server's validation handler, whose
     # answer the patch rewrites, and the serving modules whose loggers it filters.
     "validation_messages": (
-        _f(API_SERVER, "validation_exception_handler", "req", "exc", versions=V0_27),
+        _f("{validation_handler}", "validation_exception_handler", "req", "exc"),
         _s(API_SERVER, "build_app",
            "app.exception_handler(RequestValidationError)(validation_exception_handler)",
-           versions=V0_27),
+           until=R32),
         _s("vllm.entrypoints.serve.utils.server_utils", "validation_exception_handler",
            "JSONResponse(err.model_dump(), status_code=HTTPStatus.BAD_REQUEST)",
-           versions=V0_27),
+           until=R32),
         # 0.32: the handler has its own module, registered by init_exception_handler
-        _f(EXC_REGISTER, "validation_exception_handler", "req", "exc", versions=V0_32),
         _s(EXC_REGISTER, "init_exception_handler",
            "app.exception_handler(RequestValidationError)(validation_exception_handler)",
-           versions=V0_32),
+           since=R32),
         _s(f"{EXC_HANDLERS}.validation", "validation_exception_handler",
            "message = f\"{count} validation {label}:\\n\"",
            "JSONResponse(err.model_dump(), status_code=HTTPStatus.BAD_REQUEST)",
-           versions=V0_32),
+           since=R32),
     ),
     "refusal_log": (
         _s("vllm.entrypoints.openai.completion.serving",
@@ -595,7 +600,7 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "getattr(self, method_name)"),
         _s(SCHED, "Scheduler.__init__", "self.requests:", "self.waiting =",
            "self.running:", "self.finished_req_ids:", "self.kv_cache_manager = "),
-        _s(SCHED, "Scheduler.__init__", "self.skipped_waiting =", versions=V0_27),
+        _s(SCHED, "Scheduler.__init__", "self.skipped_waiting =", until=R32),
         _s("vllm.v1.core.kv_cache_manager", "KVCacheManager.__init__",
            "self.coordinator = ", "self.block_pool = "),
         _s("vllm.v1.core.kv_cache_coordinator", "KVCacheCoordinator.__init__",
@@ -609,9 +614,9 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "free_block_queue"),
         _s("vllm.v1.worker.cpu_worker", "CPUWorker.init_device", "self.model_runner"),
         _s("vllm.v1.worker.gpu_worker", "Worker.init_device", "self.model_runner",
-           versions=V0_27),
+           until=R32),
         _s("vllm.v1.worker.gpu_worker", "Worker._init_workspace_and_model_runner",
-           "self.model_runner", versions=V0_32),
+           "self.model_runner", since=R32),
         _s(V1, "GPUModelRunner.__init__", "self.requests:", "self.input_batch = "),
         _s(f"{GPU}.model_runner", "GPUModelRunner.__init__", "self.req_states = "),
     ),

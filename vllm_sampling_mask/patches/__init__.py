@@ -1,13 +1,17 @@
 """Every change this overlay makes to vLLM, one record per patch module.
 
 `REGISTRY` maps a patch's name to its `Patch` record: the module that holds it
-(`patches/<kind>/<name>.py`), the upstream module(s) whose import applies it,
-the process it acts in, its kind, the vLLM releases it is written for, the
-upstream issue or PR it stands in for, and what would let it go. Where two
-patches wrap the same upstream function, the outer one declares `after=` the
-inner one (`tests/test_registry.py` fails on an undeclared stack), and
-`patching` applies them in that order. Each module's header says what it
-changes and why; `docs/design.md` has the table.
+(`patches/<kind>/<name>.py`), the upstream module(s) whose import applies it
+(`{role}`: where the release keeps that seam, `releases.Release.modules`), the
+process it acts in, its kind, the span of releases it is written for (`since`,
+`until`, over `releases.RELEASES`), the upstream issue or PR it stands in for, and
+what would let it go. Where two patches wrap the same upstream function, the outer
+one declares `after=` the inner one (`tests/test_registry.py` fails on an
+undeclared stack), and `patching` applies them in that order. Each module's header
+says what it changes and why; `docs/design.md` has the table.
+
+This module is data: it imports no vLLM and nothing of the machinery that applies
+it (`patching` imports it, never the other way round).
 """
 
 from __future__ import annotations
@@ -15,11 +19,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from vllm_sampling_mask import SUPPORTED_VLLM
-
-# Release tags for records that apply to some supported releases only.
-V0_27 = ("0.27.1",)
-V0_32 = ("0.32.0",)
+from vllm_sampling_mask import releases
+from vllm_sampling_mask.releases import Release
 
 
 class Kind(enum.Enum):
@@ -39,49 +40,54 @@ class Process(enum.Enum):
 @dataclass(frozen=True)
 class Patch:
     name: str
-    targets: tuple[str, ...]     # upstream module(s) whose import applies it
+    targets: tuple[str, ...]     # upstream module(s) whose import applies it; `{role}`
     process: Process
     kind: Kind
     upstream: str                # the upstream issue/PR, or what would be filed
     remove_when: str
-    versions: tuple[str, ...] = SUPPORTED_VLLM
+    since: str | None = None     # the first release it is applied on (None: the oldest)
+    until: str | None = None     # the release that no longer needs it (None: none yet)
     after: tuple[str, ...] = ()  # patches whose wrappers this one wraps (applied first)
-    # (release, targets) where a release moved the seam to other modules
-    moved: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def module(self) -> str:
         return f"{__name__}.{self.kind.value}.{self.name}"
 
     @property
-    def target(self) -> str:
-        """The module whose import applies it (the first target)."""
-        return self.targets[0]
+    def patches_vllm(self) -> bool:
+        return any(t.startswith(("vllm", "{")) for t in self.targets)
 
-    def targets_for(self, version: str | None) -> tuple[str, ...]:
-        """The upstream modules of the seam in vLLM `version` (None: the first
-        supported release's)."""
-        return dict(self.moved).get(version, self.targets)
+    def applies_to(self, release: Release) -> bool:
+        return releases.within(release, self.since, self.until)
+
+    def targets_for(self, release: Release) -> tuple[str, ...]:
+        """The upstream modules of the seam in `release`."""
+        return tuple(releases.resolve(t, release) for t in self.targets)
 
     @property
     def hook_targets(self) -> tuple[str, ...]:
-        """Every module whose import may apply it, over all releases (the hooks are
-        installed before the vLLM release is known)."""
-        return tuple(dict.fromkeys([self.target] + [t[0] for _, t in self.moved]))
+        """Every module whose import may apply it, over the releases it applies to
+        (the hooks are installed before the vLLM release is known)."""
+        return tuple(dict.fromkeys(
+            self.targets_for(r)[0] for r in releases.RELEASES if self.applies_to(r)))
 
 
 F, X, E, D = Kind.FEATURE, Kind.FIX, Kind.ENABLER, Kind.DIAGNOSTIC
 ANY, API, CORE, WORKER = Process.ANY, Process.API_SERVER, Process.ENGINE_CORE, Process.WORKER
 MASK_PR = "vLLM #49577 (sampling masks, 0.28; GPU compaction #54901)"
-MASK_GONE = "upstream carries the mask on this hop (vLLM #49577)"
+# #49577 shipped in 0.28 (Model Runner V2 only, one engine-wide flag, lists): from
+# 0.28 on these patches replace upstream's mask on the hop instead of waiting for it
+MASK_GONE = ("upstream carries a mask on this hop with what the overlay adds (the V1 "
+             "runner, the per-request switch, the size limit, support logprobs, the "
+             "packed wire); from 0.28 the patch replaces upstream's own (vLLM #49577)")
 NONE_KNOWN = "none known; would file: "
 GPU = "vllm.v1.worker.gpu"
 V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
 INPUT = "vllm.v1.engine.input_processor"
 TOPK = "vllm.v1.sample.ops.topk_topp_sampler"
-# 0.32: `vllm serve` builds its app here (`vllm.entrypoints.openai.api_server`
-# is a deprecated re-export it never imports)
-APP = "vllm.entrypoints.launchers.app"
+# the module `vllm serve` builds its app in (0.32 moved it: `vllm.entrypoints.openai.
+# api_server` is a deprecated re-export there that `vllm serve` never imports)
+APP = "{app}"
 
 _RECORDS = (
     # -- fixes of upstream bugs ------------------------------------------------
@@ -101,14 +107,14 @@ _RECORDS = (
           "seeded and unseeded/greedy rows (TopKTopPSampler.forward_cpu, "
           "len(generators) != logits.shape[0])",
           "upstream's forward_cpu draws seeded rows from their generators in mixed batches "
-          "(0.32 does: per-row SplitMix64 seeds)", versions=V0_27),
+          "(0.32 does: per-row SplitMix64 seeds)", until="0.32.0"),
     Patch("cpu_moe_float32_amx", ("vllm.model_executor.layers.fused_moe.cpu_fused_moe",),
           WORKER, X,
           NONE_KNOWN + "float32 MoE refused on AMX CPUs with a misleading alignment error "
           "(CPUFusedMOE.check_grouped_gemm raises for any non-bfloat16 dtype with AMX)",
           "upstream's check falls back to the non-AMX kernels for other dtypes (0.32 does: "
           "its AMX experts declare bfloat16 only and the oracle picks another)",
-          versions=V0_27),
+          until="0.32.0"),
     Patch("token_id_validation", (INPUT,), API, X,
           NONE_KNOWN + "token ids out of the model's vocabulary kill the engine "
           "(prompt id == vocab size, stop_token_ids unchecked, 64-bit overflow is a 500)",
@@ -124,17 +130,15 @@ _RECORDS = (
           "traceback from AsyncLLM's output handler although nothing went wrong",
           "upstream's output handler exits quietly on an engine it is stopping",
           after=("shutdown_answers",)),
-    Patch("validation_messages", ("vllm.entrypoints.openai.api_server",), API, X,
+    Patch("validation_messages", ("{validation_handler}",), API, X,
           NONE_KNOWN + "schema 400s carry Python reprs of pydantic's errors and a "
           "character offset as `param` for malformed JSON "
           "(serve/utils/server_utils.validation_exception_handler)",
-          "upstream words schema errors per field and keeps `param` a field name",
-          moved=(("0.32.0", ("vllm.entrypoints.serve.exception_handling.register",)),)),
-    Patch("refusal_log", ("vllm.entrypoints.openai.api_server",), API, X,
+          "upstream words schema errors per field and keeps `param` a field name"),
+    Patch("refusal_log", (APP,), API, X,
           NONE_KNOWN + "a refused streamed request logs a 29-line traceback "
           "('Error in completion stream generator') for a clean HTTP 400",
-          "upstream's stream generators log client errors without a traceback",
-          moved=(("0.32.0", (APP,)),)),
+          "upstream's stream generators log client errors without a traceback"),
     # -- CPU / Triton-interpreter enablers ------------------------------------
     Patch("interpreter_has_triton", ("vllm.triton_utils.importing",), ANY, E,
           "none: Triton's interpreter is no vLLM backend",
@@ -145,7 +149,7 @@ _RECORDS = (
     Patch("interpreter_libdevice", (f"{GPU}.sample.gumbel",), WORKER, E,
           "none: interpreter gap (libdevice stubs)",
           "Triton's interpreter implements libdevice (0.32's gumbel.py no longer uses it)",
-          versions=V0_27),
+          until="0.32.0"),
     Patch("interpreter_patch_cache", ("triton.runtime.interpreter",), WORKER, E,
           "none: interpreter speed", "Triton's interpreter caches its language patching"),
     Patch("interpreter_dummy_run", (f"{GPU}.model_runner",), WORKER, E,
@@ -183,7 +187,7 @@ _RECORDS = (
     Patch("generate_route", ("vllm.entrypoints.scale_out.factories",), API, F,
           "none: vLLM 0.32 serves the route only with --enable-scale-out",
           "upstream serves /inference/v1/generate with its sampling-mask flag",
-          versions=V0_32),
+          since="0.32.0"),
     Patch("completion_protocol", ("vllm.entrypoints.openai.completion.protocol",), API, F,
           MASK_PR, MASK_GONE),
     Patch("openai_completions", ("vllm.entrypoints.openai.completion.serving",), API, F,
@@ -197,9 +201,8 @@ _RECORDS = (
           "none: vLLM exposes the served dtype on no public route",
           "upstream reports the served dtype on a public route"),
     # -- diagnostics -----------------------------------------------------------
-    Patch("debug_state", ("vllm.entrypoints.openai.api_server",), API, D,
-          "none: a test aid (upstream has no per-request state endpoint)", "keep",
-          moved=(("0.32.0", (APP,)),)),
+    Patch("debug_state", (APP,), API, D,
+          "none: a test aid (upstream has no per-request state endpoint)", "keep"),
     Patch("debug_state_core", ("vllm.v1.engine.core",), CORE, D,
           "none: a test aid (upstream has no per-request state endpoint)", "keep"),
 )

@@ -27,6 +27,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import AsyncIterator, Callable
 
@@ -36,6 +37,7 @@ from pydantic import Field, StrictBool, model_validator
 
 from vllm_sampling_mask.errors import SamplingMaskGenerationError
 from vllm_sampling_mask.patches._wrap import argument, with_argument
+from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.sampling_mask import SamplingMask
 from vllm_sampling_mask.validation import LOGPROBS_ARG, MASK_ARG
 
@@ -140,7 +142,7 @@ def declare_openai_fields(module, request: str, choice: str, response: str) -> N
                                   self.return_sampling_mask_logprobs)
 
 
-async def create_with_masks(serving, wrapped, args, kwargs):
+async def create_with_masks(serving, wrapped, args, kwargs, error_response: type):
     """The route's `create_*` entry: a mask error raised while the response was
     built becomes an HTTP 400 carrying its message, and a stream of a request
     that concerns masks (the engine flag on, or the body field set) starts only
@@ -156,7 +158,7 @@ async def create_with_masks(serving, wrapped, args, kwargs):
             serving_mask_enabled(serving)
             or request.return_sampling_mask is not None
             or request.return_sampling_mask_logprobs is not None):
-        return await open_stream(result)
+        return await open_stream(result, error_response)
     return result
 
 
@@ -320,14 +322,17 @@ def _event_json(event: str) -> dict | None:
     return json.loads(event[len("data: "):])
 
 
-async def open_stream(events: AsyncIterator[str]):
+def error_response_class(release: Release) -> type:
+    """The release's `ErrorResponse` (its module moved in 0.32)."""
+    return importlib.import_module(release.module("error_response")).ErrorResponse
+
+
+async def open_stream(events: AsyncIterator[str], ErrorResponse: type):
     """Pull a stream's first event before the response starts. An error event
     there (the input processor refused the request, or its first step failed)
-    becomes the HTTP error response (`ErrorResponse`, status = its code), as for
-    a request that is not streamed; otherwise the stream goes on unchanged."""
-    from vllm_sampling_mask.patches._moved import upstream
-
-    ErrorResponse = upstream("ErrorResponse")
+    becomes the HTTP error response (`ErrorResponse`, the release's class; status =
+    its code), as for a request that is not streamed; otherwise the stream goes on
+    unchanged."""
     try:
         first = await anext(events)
     except StopAsyncIteration:

@@ -28,6 +28,7 @@ from fastapi import Request
 
 from vllm_sampling_mask.patches._wrap import wraps
 from vllm_sampling_mask.patches.diagnostics.debug_state_core import METHOD, WORK, enabled
+from vllm_sampling_mask.releases import Release
 
 PATH = "/debug/sampling_mask/state"
 
@@ -75,7 +76,7 @@ def register(app) -> bool:
     return True
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     @wraps(module, "build_app")
     def build_app(wrapped, instance, args, kwargs):
         app = wrapped(*args, **kwargs)

@@ -34,6 +34,7 @@ import sys
 
 from vllm_sampling_mask.config import DEBUG_STATE as ENV  # noqa: F401 (the tests set it)
 from vllm_sampling_mask.config import debug_state_enabled as enabled
+from vllm_sampling_mask.releases import Release
 
 METHOD = "sampling_mask_debug_state"
 WORK = "sampling_mask_work"   # work counters, not state: left out of the route's total
@@ -95,7 +96,7 @@ def engine_state(core) -> dict:
     }
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     if not enabled():
         return
 

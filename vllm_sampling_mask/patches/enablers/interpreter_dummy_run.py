@@ -13,9 +13,10 @@ Remove when: upstream initialises its dummy inputs, or the interpreter
 
 from vllm_sampling_mask.config import triton_interpreter_on
 from vllm_sampling_mask.patches._wrap import with_argument, wraps
+from vllm_sampling_mask.releases import Release
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     if not triton_interpreter_on():
         return
     import torch

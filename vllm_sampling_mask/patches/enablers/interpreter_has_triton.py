@@ -11,8 +11,9 @@ Remove when: vLLM treats Triton's interpreter as a usable backend.
 """
 
 from vllm_sampling_mask.config import triton_interpreter_on
+from vllm_sampling_mask.releases import Release
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     if triton_interpreter_on():
         module.HAS_TRITON = True

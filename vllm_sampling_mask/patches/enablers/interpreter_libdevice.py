@@ -11,9 +11,10 @@ Remove when: Triton's interpreter implements libdevice.
 import types
 
 from vllm_sampling_mask.config import triton_interpreter_on
+from vllm_sampling_mask.releases import Release
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     if not triton_interpreter_on():
         return
     from vllm_sampling_mask import triton_shims

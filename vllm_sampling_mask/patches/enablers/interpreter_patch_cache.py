@@ -20,6 +20,7 @@ import inspect
 
 from vllm_sampling_mask.config import triton_interpreter_on
 from vllm_sampling_mask.patches._wrap import argument, wraps
+from vllm_sampling_mask.releases import Release
 
 
 class _NoScope:
@@ -28,7 +29,7 @@ class _NoScope:
         pass
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     if not triton_interpreter_on():
         return
     import triton.language as tl

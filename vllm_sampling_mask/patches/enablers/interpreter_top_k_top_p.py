@@ -35,6 +35,7 @@ from __future__ import annotations
 import operator
 
 from vllm_sampling_mask.config import interpreted_triton_top_k, triton_interpreter_on
+from vllm_sampling_mask.releases import Release
 
 _applied = False  # wrapped once per process, whatever calls apply()
 
@@ -68,7 +69,7 @@ def _make_tensor_range(interpreter):
     return tensor_range
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     global _applied
     if _applied or not triton_interpreter_on():
         return

@@ -18,10 +18,11 @@ Remove when: upstream carries the mask in `ModelRunnerOutput` (vLLM #49577).
 from __future__ import annotations
 
 from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.transport import MaskCopy
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     module.AsyncOutput.sampling_mask_copy: MaskCopy | None = None
 
     @wraps(module, "AsyncOutput.get_output")

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from vllm_sampling_mask.patches._dataclass import add_field
 from vllm_sampling_mask.patches._wrap import argument, wraps
+from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.sampling_mask import SamplingMask
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     add_field(module.CompletionOutput, "sampling_mask", SamplingMask | None, None)
     add_field(module.CompletionOutput, "sampling_mask_error", str | None, None)
     module.SamplingMask = SamplingMask

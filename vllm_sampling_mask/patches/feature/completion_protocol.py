@@ -24,8 +24,9 @@ Remove when: upstream vLLM PR #49577 (sampling masks upstream, vLLM 0.28)
 from __future__ import annotations
 
 from vllm_sampling_mask.patches._http import declare_openai_fields
+from vllm_sampling_mask.releases import Release
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     declare_openai_fields(module, "CompletionRequest", "CompletionResponseChoice",
                           "CompletionResponse")

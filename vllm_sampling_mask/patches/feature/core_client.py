@@ -8,8 +8,9 @@ Why: `EngineCoreOutput` is an `array_like` msgspec Struct; a decoder built for
 Remove when: upstream carries the mask in `EngineCoreOutput`.
 """
 
+from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.wire import MaskedEngineCoreOutputs
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     module.EngineCoreOutputs = MaskedEngineCoreOutputs

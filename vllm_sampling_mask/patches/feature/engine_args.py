@@ -10,7 +10,7 @@ What: adds the dataclass fields `return_sampling_mask: bool = False` (0.27.1;
     (`sampling_mask_settings`; on 0.32 upstream's own `return_sampling_mask`
     is set False there, so its Model-Runner-V2-only machinery, its config
     checks and its request checks stay off and the overlay's runs instead:
-    `UPSTREAM_MASK`); and, in
+    `release.upstream_mask`); and, in
     `create_engine_config`, refuses configurations the mask cannot be exact
     under (`validation.startup_errors`), with one ValueError listing each
     reason and its fix.
@@ -18,8 +18,10 @@ Why: `LLM.__init__` passes unknown keywords straight into `EngineArgs`, which
     fails before any vLLM plugin loads, and `ModelConfig` forbids unknown
     constructor arguments; `create_engine_config` is the one point both `LLM`
     and `vllm serve` pass through with the final config in hand.
-Remove when: upstream has an engine-level sampling-mask option (vLLM #49577,
-    `--return-sampling-mask` in 0.28).
+Remove when: upstream's engine-level option carries what the overlay adds (the V1
+    runner, the per-request switch, the size limit). From 0.28 (vLLM #49577) the
+    option is upstream's and the patch only re-words its help and adds the size
+    limit.
 """
 
 from __future__ import annotations
@@ -28,12 +30,13 @@ import argparse
 
 from vllm_sampling_mask.patches._dataclass import add_field
 from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.validation import DEFAULT_MAX_SIZE, EngineMaskSettings, startup_errors
 
-# Whether the release has a sampling mask of its own (vLLM #49577, 0.28 on): the
-# `return_sampling_mask` field and option exist, and `ModelConfig.return_sampling_mask`
-# switches on upstream's extraction, transport and checks.
-UPSTREAM_MASK = {"0.27.1": False, "0.32.0": True}
+# (`release.upstream_mask`: the release has a sampling mask of its own, vLLM #49577,
+# 0.28 on: the `return_sampling_mask` field and option exist, and
+# `ModelConfig.return_sampling_mask` switches on upstream's extraction, transport and
+# checks.)
 # 0.32's opt-in tensor-parallel sampling of batch slices (absent in 0.27.1): refused
 # with the mask, as upstream refuses it beside its own
 BATCH_SHARDED = "enable_batch_sharded_sampling"
@@ -54,10 +57,8 @@ HELP = (
     "when temperature > 0 and top_k, top_p or min_p truncates the distribution).")
 
 
-def apply(module) -> None:
-    from vllm_sampling_mask.patching import upstream_release
-
-    upstream_mask = UPSTREAM_MASK[upstream_release()]
+def apply(module, release: Release) -> None:
+    upstream_mask = release.upstream_mask
     EngineArgs = module.EngineArgs
     if not upstream_mask:
         add_field(EngineArgs, "return_sampling_mask", bool, False,

@@ -26,7 +26,7 @@ Remove when: upstream returns the per-request, packed and support-logprob
     filling, from `CompletionOutput.sampling_mask.token_ids`, is overwritten
     here in the request's format). Both n > 1 bugs are present in 0.27.1 and
     fixed in 0.32 (FINAL_ONLY for every non-streamed request; stream counters
-    sized by `sampling_params.n`): `N_FIXES` applies them on 0.27.1 only.
+    sized by `sampling_params.n`): applied where `release.generate_n_bugs`.
 Upstream: the mask, vLLM #49577. The two n > 1 fixes (upstream bugs, kept in
     this module because they change the same three wrappers): no issue or PR
     known; would file "/inference/v1/generate: n > 1 returns fewer than n
@@ -41,25 +41,21 @@ from collections.abc import AsyncGenerator
 from vllm_sampling_mask.config import serving_mask_enabled
 from vllm_sampling_mask.errors import SamplingMaskGenerationError
 from vllm_sampling_mask.patches._http import (StreamMasks, asks_logprobs, forward_body_field,
-                                              full_response_with_masks, open_stream,
+                                              error_response_class, full_response_with_masks,
+                                              open_stream,
                                               packed_format)
 from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps
-
-# Whether the release has the two n > 1 bugs of this endpoint.
-N_FIXES = {"0.27.1": True, "0.32.0": False}
-# The class every full response of the route is an instance of (protocol module).
-RESPONSE = {"0.27.1": "GenerateResponse", "0.32.0": "GenerateResponseBase"}
+from vllm_sampling_mask.releases import Release
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     from vllm.sampling_params import RequestOutputKind
-
-    from vllm_sampling_mask.patching import upstream_release
 
     from vllm.entrypoints.scale_out.token_in_token_out import protocol
 
-    n_fixes = N_FIXES[upstream_release()]
-    response_type = getattr(protocol, RESPONSE[upstream_release()])
+    n_fixes = release.generate_n_bugs
+    response_type = getattr(protocol, release.generate_response)
+    error_response = error_response_class(release)
 
     @wraps(module, "ServingTokens.serve_tokens")
     async def serve_tokens(wrapped, self, args, kwargs):
@@ -74,7 +70,7 @@ def apply(module) -> None:
         if isinstance(result, AsyncGenerator) and (
                 on or request.return_sampling_mask is not None
                 or request.return_sampling_mask_logprobs is not None):
-            return await open_stream(result)
+            return await open_stream(result, error_response)
         return result
 
     @wraps(module, "ServingTokens.serve_tokens_full_generator")

@@ -6,7 +6,7 @@ What: in `vllm/entrypoints/scale_out/token_in_token_out/protocol.py`, replaces
     `return_sampling_mask: bool | None` (strict: "yes" is a 400 naming it;
     upstream's model ignores unknown fields) and `sampling_mask_format:
     "lists" | "packed" | None` (any other value a 400 naming it), and each
-    choice class with its response class (`CHOICES`, per release) with
+    choice class with its response class (`release.generate_choices`) with
     subclasses that declare `sampling_mask: list[list[int]] | <packed object> |
     None` and the support-logprob fields (the response class too: pydantic
     serialises a list field by its declared item type). The names are replaced
@@ -25,28 +25,17 @@ from __future__ import annotations
 from vllm_sampling_mask.patches._http import (BodyField, FormatField, LogKeptField,
                                               LogprobsField, MaskField, body_field,
                                               format_field, logprobs_field)
-
-# response class -> its choice class, per vLLM release (0.32 split the response by
-# `output_mode` and streamed chunks got classes of their own)
-CHOICES = {
-    "0.27.1": {"GenerateResponse": "GenerateResponseChoice"},
-    "0.32.0": {"GenerateTokensResponse": "GenerateTokensChoice",
-               "GenerateTextResponse": "GenerateTextChoice",
-               "GenerateTokensStreamResponse": "GenerateTokensStreamChoice",
-               "GenerateTextStreamResponse": "GenerateTextStreamChoice"},
-}
+from vllm_sampling_mask.releases import Release
 
 
-def apply(module) -> None:
-    from vllm_sampling_mask.patching import upstream_release
-
+def apply(module, release: Release) -> None:
     class GenerateRequest(module.GenerateRequest):
         return_sampling_mask: BodyField = body_field()
         sampling_mask_format: FormatField = format_field()
         return_sampling_mask_logprobs: BodyField = logprobs_field()
 
     module.GenerateRequest = GenerateRequest
-    for response, choice in CHOICES[upstream_release()].items():
+    for response, choice in release.generate_choices.items():
         Choice = type(choice, (getattr(module, choice),), {
             "__annotations__": {"sampling_mask": MaskField,
                                 "sampling_mask_logprobs": LogprobsField,

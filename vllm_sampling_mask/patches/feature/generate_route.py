@@ -21,11 +21,12 @@ from __future__ import annotations
 import logging
 
 from vllm_sampling_mask.patches._wrap import argument, wraps
+from vllm_sampling_mask.releases import Release
 
 logger = logging.getLogger("vllm.sampling_mask")
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     @wraps(module, "register_scale_out_api_routers")
     def register_scale_out_api_routers(wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)

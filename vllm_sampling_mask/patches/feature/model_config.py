@@ -14,7 +14,9 @@ Why: `ModelConfig` is a pydantic dataclass that forbids unknown fields; a new
 Remove when: upstream has a per-request mask with a size limit (then its fields).
 """
 
+from vllm_sampling_mask.releases import Release
 
-def apply(module) -> None:
+
+def apply(module, release: Release) -> None:
     if "sampling_mask_settings" not in module.ModelConfig.__dict__:
         module.ModelConfig.sampling_mask_settings = None

@@ -17,13 +17,14 @@ Remove when: upstream reports the served dtype on a public route.
 from __future__ import annotations
 
 from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.releases import Release
 
 
 def dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     @wraps(module, "OpenAIServingModels.show_available_models")
     async def show_available_models(wrapped, self, args, kwargs):
         models = await wrapped(*args, **kwargs)

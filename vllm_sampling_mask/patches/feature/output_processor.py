@@ -23,10 +23,11 @@ from __future__ import annotations
 from vllm_sampling_mask.accumulator import MaskAccumulator
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.patches._wrap import argument, wraps
+from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.validation import wants_mask, wants_support_logprobs
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     from vllm.sampling_params import RequestOutputKind
 
     RequestState = module.RequestState

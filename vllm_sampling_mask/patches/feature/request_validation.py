@@ -28,6 +28,7 @@ from __future__ import annotations
 from vllm_sampling_mask.config import mask_enabled, mask_settings
 from vllm_sampling_mask.errors import SamplingMaskRequestError
 from vllm_sampling_mask.patches._wrap import argument, wraps
+from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.validation import (DEFAULT_MAX_SIZE, LOGPROBS_ARG, MASK_ARG,
                                            resolve_logprobs_request, resolve_request)
 
@@ -55,7 +56,7 @@ def decide(sampling_params, *, engine_on: bool = True, max_size: int = DEFAULT_M
     return wants, wants and asked is True
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     from vllm.sampling_params import SamplingParams
 
     def check(self, params) -> tuple[bool, bool]:

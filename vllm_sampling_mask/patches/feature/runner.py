@@ -37,11 +37,12 @@ from vllm_sampling_mask.config import mask_enabled
 from vllm_sampling_mask.patches._runner import mask_state_for
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.patches._wrap import argument, wraps
+from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.state import SamplingMaskState, profiling
 from vllm_sampling_mask.transport import MaskCopy
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     from vllm.v1.worker.gpu import async_utils
     from vllm.v1.worker.gpu.sample.sampler import Sampler
 

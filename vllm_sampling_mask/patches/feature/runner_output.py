@@ -13,9 +13,10 @@ Remove when: upstream carries the mask in `ModelRunnerOutput` (vLLM #49577).
 
 from vllm_sampling_mask.extraction import DeviceMask
 from vllm_sampling_mask.patches._dataclass import add_field
+from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.transport import StepMasks
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     add_field(module.ModelRunnerOutput, "sampling_mask_step", StepMasks | None, None)
     add_field(module.SamplerOutput, "sampling_mask", DeviceMask | None, None)

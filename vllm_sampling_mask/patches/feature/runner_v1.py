@@ -46,6 +46,7 @@ from __future__ import annotations
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.patches._runner import mask_state_for
 from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.state import SamplingMaskState, profiling
 from vllm_sampling_mask.transport import MaskCopy
 
@@ -64,7 +65,7 @@ def _pending_batch_update(input_batch):
     return builder.added, builder.removed, moved
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     import torch
     from vllm.v1.outputs import ModelRunnerOutput
 

@@ -42,10 +42,11 @@ import numpy as np
 from vllm_sampling_mask.extraction import DeviceMask
 from vllm_sampling_mask.patches._dataclass import add_field
 from vllm_sampling_mask.patches._wrap import argument, wraps
+from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.state import SamplingMaskState, capturing_state
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     from vllm.v1.worker.gpu.sample import states
 
     module.Sampler.sampling_mask: SamplingMaskState | None = None

@@ -37,10 +37,11 @@ import numpy as np
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.extraction import no_rows
 from vllm_sampling_mask.patches._wrap import argument, wraps
+from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.state import SamplingMaskState, capturing_state
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     module.Sampler.sampling_mask: SamplingMaskState | None = None
 
     @wraps(module, "Sampler.apply_temperature")

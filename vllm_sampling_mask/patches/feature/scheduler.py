@@ -27,10 +27,11 @@ import numpy as np
 from vllm_sampling_mask.config import mask_enabled
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.patches._wrap import argument, wraps
+from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.wire import MaskedEngineCoreOutput
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     from vllm.logger import init_logger
     from vllm.v1.engine import FinishReason
     from vllm.v1.request import RequestStatus

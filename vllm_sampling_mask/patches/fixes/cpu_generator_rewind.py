@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.releases import Release
 
 
 def _discarded_cpu_generators(runner) -> dict[int, object]:
@@ -34,7 +35,7 @@ def _discarded_cpu_generators(runner) -> dict[int, object]:
             if int(i) in generators and generators[int(i)].device.type == "cpu"}
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     @wraps(module, "GPUModelRunner._sample")
     def _sample(wrapped, self, args, kwargs):
         saved = {i: g.get_state() for i, g in _discarded_cpu_generators(self).items()}

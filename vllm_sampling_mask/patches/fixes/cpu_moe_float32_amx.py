@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 
 from vllm_sampling_mask.patches._wrap import argument, wraps
+from vllm_sampling_mask.releases import Release
 
 
 @contextlib.contextmanager
@@ -36,7 +37,7 @@ def _without_amx(torch_cpu):
         torch_cpu._is_amx_tile_supported = saved
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     import torch
 
     @wraps(module, "CPUFusedMOE.check_grouped_gemm")

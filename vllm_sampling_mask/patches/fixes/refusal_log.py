@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 
 from vllm_sampling_mask.messages import refusal_line
+from vllm_sampling_mask.releases import Release
 
 LOGGERS = ("vllm.entrypoints.openai.completion.serving",
            "vllm.entrypoints.openai.chat_completion.serving",
@@ -45,7 +46,7 @@ class OneLineRefusals(logging.Filter):
         return True
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     # applied on the API server's import: the serving modules' loggers (vLLM's
     # `init_logger(__name__)`) are the same objects whenever they are imported
     for name in LOGGERS:

@@ -37,6 +37,7 @@ Remove when: upstream answers pending requests on shutdown in the API server
 from __future__ import annotations
 
 from vllm_sampling_mask.patches._wrap import argument, wraps
+from vllm_sampling_mask.releases import Release
 
 
 def answer_pending(output_processor) -> None:
@@ -45,7 +46,7 @@ def answer_pending(output_processor) -> None:
     output_processor.abort_requests(list(output_processor.request_states), internal=True)
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     from vllm.utils.async_utils import run_in_loop
     from vllm.v1.engine import output_processor as op
     from vllm.v1.engine.exceptions import EngineDeadError

@@ -22,6 +22,7 @@ import logging
 import threading
 
 from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.releases import Release
 
 _lock = threading.Lock()
 _in_progress = [0]   # AsyncLLM.shutdown calls running in this process
@@ -44,7 +45,7 @@ class QuietShutdown(logging.Filter):
         return True
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     logging.getLogger(module.__name__).addFilter(QuietShutdown())
 
     @wraps(module, "AsyncLLM.shutdown")

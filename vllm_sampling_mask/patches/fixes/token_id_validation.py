@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from vllm_sampling_mask.errors import RequestInputError
 from vllm_sampling_mask.patches._wrap import argument, wraps
+from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.validation import (
     bad_words_problem,
     blank_bad_word_problem,
@@ -57,7 +58,7 @@ from vllm_sampling_mask.validation import (
 PROMPT = "prompt token ids (token_ids on /inference/v1/generate, prompt on /v1/completions)"
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     from vllm.exceptions import VLLMError
     from vllm.sampling_params import SamplingParams
 

@@ -21,12 +21,13 @@ Remove when: upstream's PyTorch top-p leaves rows with p >= 1 alone (no such
 from __future__ import annotations
 
 from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps
+from vllm_sampling_mask.releases import Release
 
 # Any p > 1 makes `1 - p` negative, below every cumulative probability.
 NO_CUT = 2.0
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     import torch
 
     @wraps(module, "apply_top_k_top_p_pytorch")

@@ -30,6 +30,7 @@ import types
 import typing
 
 from vllm_sampling_mask.messages import describe
+from vllm_sampling_mask.releases import Release
 
 logger = logging.getLogger("vllm_sampling_mask.validation_messages")
 NAME = "validation_exception_handler"
@@ -57,7 +58,7 @@ def takes_null(model, loc) -> bool | None:
     return annotation is type(None)
 
 
-def apply(module) -> None:
+def apply(module, release: Release) -> None:
     from fastapi.responses import JSONResponse
 
     original = getattr(module, NAME)

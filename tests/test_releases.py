@@ -1,0 +1,146 @@
+"""The release profiles: their order and spans, and the installed release's profile
+held against the installed vLLM (each fact a profile states is checked where vLLM
+shows it), so a profile that is wrong for its release fails here, by name, before any
+engine starts."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import inspect
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from vllm_sampling_mask import SUPPORTED_VLLM, patching, releases
+from vllm_sampling_mask.patches import REGISTRY
+from vllm_sampling_mask.releases import RELEASES, Release
+
+# role -> the name the release's module of that role must define
+ROLE_NAMES = {"app": "build_app", "app_state": "init_app_state",
+              "cli_args": "make_arg_parser", "error_response": "ErrorResponse",
+              "validation_handler": "validation_exception_handler"}
+TITO = "vllm.entrypoints.scale_out.token_in_token_out"
+
+
+def test_releases_are_listed_oldest_first_each_once():
+    keys = [releases.version_key(r.version) for r in RELEASES]
+    assert keys == sorted(keys) and len(set(keys)) == len(keys)
+    assert SUPPORTED_VLLM == tuple(r.version for r in RELEASES)
+    for release in RELEASES:
+        assert set(release.modules) == set(ROLE_NAMES), release.version
+
+
+def test_spans_and_the_one_fallback():
+    first, last = RELEASES[0], RELEASES[-1]
+    assert releases.within(first, None, None) and releases.within(last, None, None)
+    assert releases.within(last, last.version, None)
+    assert not releases.within(last, None, last.version)      # until is exclusive
+    assert not releases.within(first, last.version, None) or first is last
+    with pytest.raises(ValueError, match="names no listed release"):
+        releases.within(first, "0.26.0", None)
+    assert releases.by_version(first.version + "+cpu") is first
+    assert releases.by_version("0.26.0") is None
+    # an unlisted release is read as the newest listed one not newer than it
+    assert releases.nearest("9.9.9") is last
+    assert releases.nearest("0.1.0") is first
+    assert releases.nearest(last.version + "+cu130") is last
+
+
+def test_a_new_release_is_the_previous_profile_plus_its_changes():
+    changed = releases._after(RELEASES[-1], "9.9.9", modules={"app": "vllm.elsewhere"})
+    assert changed.version == "9.9.9" and changed.module("app") == "vllm.elsewhere"
+    assert changed.module("cli_args") == RELEASES[-1].module("cli_args")
+    same = {f.name for f in dataclasses.fields(Release)} - {"version", "modules"}
+    assert all(getattr(changed, f) == getattr(RELEASES[-1], f) for f in same)
+
+
+def test_the_records_and_the_machinery_do_not_import_each_other_both_ways():
+    """`patching` applies `patches`; nothing under `patches/` imports `patching`
+    (the adapters are handed their release)."""
+    root = pathlib.Path(releases.__file__).parent / "patches"
+    for file in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(file.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+                     if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n.endswith("patching") for n in names), file
+
+
+def test_every_adapter_is_handed_its_release():
+    for record in REGISTRY.values():
+        apply = importlib.import_module(record.module).apply
+        assert list(inspect.signature(apply).parameters) == ["module", "release"], record.name
+
+
+# -- the installed release's profile against the installed vLLM ------------------------
+
+@pytest.fixture(scope="module")
+def release() -> Release:
+    return patching.upstream_release()
+
+
+def test_the_installed_release_is_listed(release):
+    import vllm
+
+    assert release.version == vllm.__version__.split("+")[0]
+    assert sys.version_info[:2] >= release.python
+
+
+@pytest.mark.parametrize("role", sorted(ROLE_NAMES))
+def test_each_role_is_where_the_profile_says(release, role):
+    module = importlib.import_module(release.module(role))
+    assert hasattr(module, ROLE_NAMES[role]), (release.version, role, module.__name__)
+
+
+def test_the_app_module_is_what_vllm_serve_imports(release):
+    """`vllm serve`'s command module imports the release's app module (0.32 moved
+    it; the old one is a re-export there that `vllm serve` never imports, so a
+    patch hooked on it would silently never apply). Stock vLLM, in a fresh
+    interpreter."""
+    code = ("import sys, vllm.entrypoints.cli.serve; "
+            f"print({release.module('app')!r} in sys.modules)")
+    env = {**os.environ, "VLLM_SAMPLING_MASK_DISABLE": "1"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "True", release.module("app")
+
+
+def test_upstream_mask_is_what_the_release_has(release):
+    from vllm import EngineArgs
+
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    # the overlay adds the field where upstream lacks it: read the stock dataclass
+    # source, not the patched class
+    own = "return_sampling_mask:" in inspect.getsource(
+        importlib.import_module("vllm.engine.arg_utils"))
+    assert own == release.upstream_mask
+    assert "return_sampling_mask" in fields     # the overlay's, or upstream's
+
+
+def test_the_generate_route_classes_exist(release):
+    protocol = importlib.import_module(f"{TITO}.protocol")
+    for response, choice in release.generate_choices.items():
+        assert hasattr(protocol, response) and hasattr(protocol, choice)
+    assert isinstance(getattr(protocol, release.generate_response), type)
+
+
+def test_the_generate_route_n_bugs_are_what_the_release_has(release):
+    serving = importlib.import_module(f"{TITO}.serving").ServingTokens
+    stream = inspect.getsource(serving.serve_tokens_stream_generator.__wrapped__)
+    assert ("[0] * len(res.outputs)" in stream) == release.generate_n_bugs
+
+
+def test_the_generate_route_option_is_what_the_release_gates_it_with(release):
+    gated = importlib.util.find_spec("vllm.entrypoints.scale_out.factories") is not None
+    if gated:
+        source = inspect.getsource(importlib.import_module(
+            "vllm.entrypoints.scale_out.factories"))
+        gated = "enable_scale_out" in source
+    assert bool(release.generate_route_option) == gated
+    assert all(o.startswith("--") for o in release.generate_route_option)

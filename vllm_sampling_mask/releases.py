@@ -1,0 +1,161 @@
+"""The vLLM releases the overlay supports, oldest first, each a profile of what differs.
+
+Plain data, no vLLM import. Everything else that depends on the release reads it
+from here:
+
+- a release's `Release` profile says where upstream keeps the names a patch needs
+  (`modules`, by role), which classes its routes use, and which upstream behaviours
+  it has (its own sampling mask, the generate route's `n > 1` bugs, ...). Each
+  profile is the previous one plus what changed (`_after`), so a new release is one
+  `_after(...)` line with the real differences the seam report lists;
+- patch records (`patches.REGISTRY`) and seam entries (`seams.SEAMS`) hold over a
+  span of this order, `since` a release (inclusive) and `until` the release that
+  changed them (exclusive), both open-ended by default, so a record or an entry
+  carries over to a release added after it unless the seam report says otherwise;
+- a module name of the form `{role}` in a record's targets or a seam entry is the
+  release's `modules[role]` (where the release keeps that seam);
+- adapters are handed their release's profile (`apply(module, release)`); nothing
+  looks the release up by its version string.
+
+The version guard (`patching`) admits exactly the versions listed here (local
+suffixes such as `+cpu` ignored). The one fallback, for reading a release that is not
+listed (`seam_report` on the next port's wheel): `nearest`, the newest listed release
+not newer than it (the oldest for one older than every listed release).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Mapping
+
+__all__ = ["Release", "RELEASES", "SUPPORTED", "by_version", "nearest", "within",
+           "resolve", "version_key"]
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """"0.31.0+cpu" -> (0, 31, 0): the release's numeric order."""
+    base = version.split("+", 1)[0]
+    return tuple(int(part) for part in base.split(".") if part.isdigit())
+
+
+def _frozen(mapping: Mapping[str, str]) -> Mapping[str, str]:
+    return MappingProxyType(dict(mapping))
+
+
+@dataclass(frozen=True)
+class Release:
+    """What one vLLM release looks like to the overlay."""
+
+    version: str
+    # role -> the upstream module of that seam in this release
+    modules: Mapping[str, str]
+    # vLLM #49577 shipped: `return_sampling_mask` on EngineArgs/ModelConfig and its
+    # own extraction, which the overlay keeps off (its API stays)
+    upstream_mask: bool
+    # /inference/v1/generate: each response class the route builds -> its choice class
+    generate_choices: Mapping[str, str]
+    # the class every full (not streamed) response of the route is an instance of
+    generate_response: str
+    # the route's two n > 1 bugs (fewer than n choices unstreamed; a stream's
+    # counters sized from its first result): the overlay fixes them where present
+    generate_n_bugs: bool
+    # what a server without --return-sampling-mask needs to serve the route
+    generate_route_option: tuple[str, ...] = ()
+    # the oldest Python the release's wheels are built for
+    python: tuple[int, int] = (3, 10)
+    notes: str = field(default="", compare=False)
+
+    def module(self, role: str) -> str:
+        return self.modules[role]
+
+
+def _after(previous: Release, version: str, *, modules: Mapping[str, str] = (),
+           **changes) -> Release:
+    """`previous` with `version` and the fields this release changed (`modules`
+    names only the roles that moved)."""
+    moved = dict(previous.modules)
+    moved.update(dict(modules))
+    if "generate_choices" in changes:
+        changes["generate_choices"] = _frozen(changes["generate_choices"])
+    return replace(previous, version=version, modules=_frozen(moved), **changes)
+
+
+V0_27 = Release(
+    version="0.27.1",
+    modules=_frozen({
+        # the module `vllm serve` builds its FastAPI app in (`build_app`)
+        "app": "vllm.entrypoints.openai.api_server",
+        "app_state": "vllm.entrypoints.openai.api_server",
+        "cli_args": "vllm.entrypoints.openai.cli_args",
+        "error_response": "vllm.entrypoints.openai.engine.protocol",
+        # where `build_app` registers the schema-error handler the overlay rewrites
+        "validation_handler": "vllm.entrypoints.openai.api_server",
+    }),
+    upstream_mask=False,
+    generate_choices=_frozen({"GenerateResponse": "GenerateResponseChoice"}),
+    generate_response="GenerateResponse",
+    generate_n_bugs=True,
+)
+
+V0_32 = _after(
+    V0_27, "0.32.0",
+    modules={"app": "vllm.entrypoints.launchers.app",
+             "app_state": "vllm.entrypoints.launchers.api_server.app_state",
+             "cli_args": "vllm.entrypoints.launchers.cli_args",
+             "error_response": "vllm.entrypoints.serve.engine.protocol",
+             "validation_handler": "vllm.entrypoints.serve.exception_handling.register"},
+    upstream_mask=True,
+    # one response and choice class per output mode, streamed or not
+    generate_choices={"GenerateTokensResponse": "GenerateTokensChoice",
+                      "GenerateTextResponse": "GenerateTextChoice",
+                      "GenerateTokensStreamResponse": "GenerateTokensStreamChoice",
+                      "GenerateTextStreamResponse": "GenerateTextStreamChoice"},
+    generate_response="GenerateResponseBase",
+    generate_n_bugs=False,
+    generate_route_option=("--enable-scale-out",),
+    python=(3, 11),
+)
+
+RELEASES: tuple[Release, ...] = (V0_27, V0_32)
+SUPPORTED: tuple[str, ...] = tuple(r.version for r in RELEASES)
+_INDEX = {r.version: i for i, r in enumerate(RELEASES)}
+
+
+def by_version(version: str) -> Release | None:
+    """The listed release `version` is (local suffix ignored), or None."""
+    base = version.split("+", 1)[0]
+    return RELEASES[_INDEX[base]] if base in _INDEX else None
+
+
+def nearest(version: str) -> Release:
+    """The one fallback, for reading an unlisted release: the newest listed release
+    not newer than `version` (the oldest listed for one older than all)."""
+    exact = by_version(version)
+    if exact is not None:
+        return exact
+    key = version_key(version)
+    older = [r for r in RELEASES if version_key(r.version) <= key]
+    return older[-1] if older else RELEASES[0]
+
+
+def _position(version: str, what: str) -> int:
+    if version not in _INDEX:
+        raise ValueError(f"{what}={version!r} names no listed release ({', '.join(SUPPORTED)})")
+    return _INDEX[version]
+
+
+def within(release: Release, since: str | None, until: str | None) -> bool:
+    """Whether `release` lies in [since, until) of the order above."""
+    at = _INDEX[release.version]
+    if since is not None and at < _position(since, "since"):
+        return False
+    return until is None or at < _position(until, "until")
+
+
+def resolve(module: str, release: Release) -> str:
+    """A module name as written in a record or entry, for `release`: `{role}` is the
+    release's module of that role; anything else is itself."""
+    if module.startswith("{") and module.endswith("}"):
+        return release.module(module[1:-1])
+    return module
