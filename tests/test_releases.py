@@ -133,7 +133,11 @@ def test_the_generate_route_classes_exist(release):
 def test_the_generate_route_n_bugs_are_what_the_release_has(release):
     serving = importlib.import_module(f"{TITO}.serving").ServingTokens
     stream = inspect.getsource(serving.serve_tokens_stream_generator.__wrapped__)
-    assert ("[0] * len(res.outputs)" in stream) == release.generate_n_bugs
+    assert ("[0] * len(res.outputs)" in stream) == release.generate_n_stream_bug
+    # unstreamed requests keep upstream's default (cumulative) output kind
+    serve = inspect.getsource(serving.serve_tokens.__wrapped__)
+    assert ("else RequestOutputKind.FINAL_ONLY" not in serve) == \
+        release.generate_n_unstreamed_bug
 
 
 def test_the_generate_route_option_is_what_the_release_gates_it_with(release):

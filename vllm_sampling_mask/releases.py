@@ -57,9 +57,12 @@ class Release:
     generate_choices: Mapping[str, str]
     # the class every full (not streamed) response of the route is an instance of
     generate_response: str
-    # the route's two n > 1 bugs (fewer than n choices unstreamed; a stream's
-    # counters sized from its first result): the overlay fixes them where present
-    generate_n_bugs: bool
+    # the route's two n > 1 bugs, fixed by the overlay where present: a request not
+    # streamed runs with cumulative outputs (fewer than n choices; fixed in 0.29),
+    # and a stream sizes its per-choice counters from its first result ("list index
+    # out of range"; fixed in 0.32)
+    generate_n_unstreamed_bug: bool
+    generate_n_stream_bug: bool
     # what a server without --return-sampling-mask needs to serve the route
     generate_route_option: tuple[str, ...] = ()
     # the oldest Python the release's wheels are built for
@@ -95,29 +98,49 @@ V0_27 = Release(
     upstream_mask=False,
     generate_choices=_frozen({"GenerateResponse": "GenerateResponseChoice"}),
     generate_response="GenerateResponse",
-    generate_n_bugs=True,
+    generate_n_unstreamed_bug=True,
+    generate_n_stream_bug=True,
 )
 
-V0_32 = _after(
-    V0_27, "0.32.0",
+# vLLM #49577: a sampling mask of its own (Model Runner V2 only); the schema-error
+# handler moved to its own package
+V0_28 = _after(
+    V0_27, "0.28.0",
+    modules={"validation_handler": "vllm.entrypoints.serve.exception_handling.register"},
+    upstream_mask=True,
+)
+
+# `vllm serve` builds its app in `launchers` (`openai.api_server` is a re-export it
+# never imports); the generate route runs unstreamed requests FINAL_ONLY
+V0_29 = _after(
+    V0_28, "0.29.0",
     modules={"app": "vllm.entrypoints.launchers.app",
              "app_state": "vllm.entrypoints.launchers.api_server.app_state",
              "cli_args": "vllm.entrypoints.launchers.cli_args",
-             "error_response": "vllm.entrypoints.serve.engine.protocol",
-             "validation_handler": "vllm.entrypoints.serve.exception_handling.register"},
-    upstream_mask=True,
-    # one response and choice class per output mode, streamed or not
+             "error_response": "vllm.entrypoints.serve.engine.protocol"},
+    generate_n_unstreamed_bug=False,
+)
+
+# the generate route is served only with --enable-scale-out
+V0_30 = _after(V0_29, "0.30.0", generate_route_option=("--enable-scale-out",))
+
+# what changed is in seam entries only (signatures: `since="0.31.0"`)
+V0_31 = _after(V0_30, "0.31.0")
+
+# the generate route: one response and choice class per output mode, streamed or
+# not; its stream counters sized by n; Python 3.11
+V0_32 = _after(
+    V0_31, "0.32.0",
     generate_choices={"GenerateTokensResponse": "GenerateTokensChoice",
                       "GenerateTextResponse": "GenerateTextChoice",
                       "GenerateTokensStreamResponse": "GenerateTokensStreamChoice",
                       "GenerateTextStreamResponse": "GenerateTextStreamChoice"},
     generate_response="GenerateResponseBase",
-    generate_n_bugs=False,
-    generate_route_option=("--enable-scale-out",),
+    generate_n_stream_bug=False,
     python=(3, 11),
 )
 
-RELEASES: tuple[Release, ...] = (V0_27, V0_32)
+RELEASES: tuple[Release, ...] = (V0_27, V0_28, V0_29, V0_30, V0_31, V0_32)
 SUPPORTED: tuple[str, ...] = tuple(r.version for r in RELEASES)
 _INDEX = {r.version: i for i, r in enumerate(RELEASES)}
 

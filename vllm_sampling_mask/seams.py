@@ -153,8 +153,8 @@ CPU_MOE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
 API_SERVER = "vllm.entrypoints.openai.api_server"
 EXC_REGISTER = "vllm.entrypoints.serve.exception_handling.register"
 EXC_HANDLERS = "vllm.entrypoints.serve.exception_handling.handlers"
-# the release that changed a seam: entries before it say `until=`, after it `since=`
-R32 = "0.32.0"
+# the releases that changed a seam: entries before one say `until=` it, from it `since=`
+R28, R29, R30, R31, R32 = "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0"
 # Where a runner adapter asks whether its worker is the executor's output rank
 # (`patches/_runner.py`): the groups, and the executor's own definition of that rank.
 _PS = "vllm.distributed.parallel_state"
@@ -183,7 +183,16 @@ TKTP = "vllm.v1.sample.ops.topk_topp_sampler"
 _PROCESS_INPUTS = ("self", "request_id", "prompt", "params", "supported_tasks",
                    "arrival_time", "lora_request", "tokenization_kwargs", "trace_headers",
                    "priority", "data_parallel_rank", "resumable")
-_PROCESS_INPUTS_032 = (*_PROCESS_INPUTS, "session_id", "kv_hints")
+_PROCESS_INPUTS_028 = (*_PROCESS_INPUTS, "session_id")
+_PROCESS_INPUTS_031 = (*_PROCESS_INPUTS_028, "kv_hints")
+_PROCESS_INPUTS_SPANS = (
+    _f("vllm.v1.engine.input_processor", "InputProcessor.process_inputs", *_PROCESS_INPUTS,
+       until=R28),
+    _f("vllm.v1.engine.input_processor", "InputProcessor.process_inputs",
+       *_PROCESS_INPUTS_028, since=R28, until=R31),
+    _f("vllm.v1.engine.input_processor", "InputProcessor.process_inputs",
+       *_PROCESS_INPUTS_031, since=R31),
+)
 
 SEAMS: dict[str, tuple[Entry, ...]] = {
     # -- packaging ---------------------------------------------------------------------
@@ -247,8 +256,7 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _f(IP, "InputProcessor._validate_params", "self", "params", "supported_tasks"),
         _f(IP, "InputProcessor._validate_model_input", "self", "prompt_input",
            "prompt_type"),
-        _f(IP, "InputProcessor.process_inputs", *_PROCESS_INPUTS, until=R32),
-        _f(IP, "InputProcessor.process_inputs", *_PROCESS_INPUTS_032, since=R32),
+        *_PROCESS_INPUTS_SPANS,
         _n("vllm.config.model", "ModelConfig.get_vocab_size"),
         _n("vllm.sampling_params", "SamplingParams.bad_words_token_ids"),
         _n("vllm.sampling_params", "SamplingParams.__struct_fields__"),
@@ -298,18 +306,20 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     ),
     "request_validation": (
         _f(IP, "InputProcessor._validate_params", "self", "params", "supported_tasks"),
-        _f(IP, "InputProcessor.process_inputs", *_PROCESS_INPUTS, until=R32),
-        _f(IP, "InputProcessor.process_inputs", *_PROCESS_INPUTS_032, since=R32),
+        *_PROCESS_INPUTS_SPANS,
     ),
     # -- the mask's path: sampler -> runner output -> scheduler -> client -> user ----------
     "sampler": (
         _f(f"{GPU}.sample.sampler", "Sampler.sample", "self", "logits",
            "expanded_idx_mapping", "idx_mapping_np", "pos", "input_ids",
-           "expanded_local_pos", "return_logprobs", until=R32),
+           "expanded_local_pos", "return_logprobs", until=R28),
+        _f(f"{GPU}.sample.sampler", "Sampler.sample", "self", "logits",
+           "expanded_idx_mapping", "idx_mapping", "idx_mapping_np", "pos", "input_ids",
+           "expanded_local_pos", "return_logprobs", since=R28, until=R31),
         _f(f"{GPU}.sample.sampler", "Sampler.sample", "self", "logits",
            "expanded_idx_mapping", "idx_mapping", "idx_mapping_np", "pos", "input_ids",
            "expanded_local_pos", "seq_lens_upper_bound_np", "return_logprobs",
-           since=R32),
+           since=R31),
         _f(f"{GPU}.sample.sampler", "Sampler.__call__", "self", "logits", "input_batch"),
         _d(f"{GPU}.sample.output", "SamplerOutput", "sampled_token_ids"),
         _s(f"{GPU}.sample.sampler", "Sampler.__init__", "self.sampling_states",
@@ -351,10 +361,13 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     "async_output": (
         _f(f"{GPU}.async_utils", "AsyncOutput.__init__", "self", "model_runner_output",
            "sampler_output", "num_sampled_tokens", "main_stream", "copy_stream",
-           "check_ep_fault", until=R32),
+           "check_ep_fault", until=R28),
         _f(f"{GPU}.async_utils", "AsyncOutput.__init__", "self", "model_runner_output",
            "sampler_output", "num_sampled_tokens", "main_stream", "copy_stream",
-           "check_ep_fault", "pending_aux_output", since=R32),
+           "check_ep_fault", "routed_experts", since=R28, until=R31),
+        _f(f"{GPU}.async_utils", "AsyncOutput.__init__", "self", "model_runner_output",
+           "sampler_output", "num_sampled_tokens", "main_stream", "copy_stream",
+           "check_ep_fault", "pending_aux_output", since=R31),
         _f(f"{GPU}.async_utils", "AsyncOutput.get_output", "self"),
         _f(f"{GPU}.async_utils", "stream", "to_stream", "from_stream"),
         _s(f"{GPU}.async_utils", "AsyncOutput.__init__", "self.num_sampled_tokens_np",
@@ -465,26 +478,32 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "async for res in result_generator", "for output in res.outputs",
            "i = output.index"),
         _s(TITO, "ServingTokens.serve_tokens_stream_generator",
-           'yield f"data: {chunk.model_dump_json()}\\n\\n"',
-           # sized from the first result: `every_choice_first` hands it every choice
-           "num_generated_tokens = [0] * len(res.outputs)", until=R32),
-        # 0.32: chunks leave out absent fields; counters sized by n (fixed upstream)
+           'yield f"data: {chunk.model_dump_json()}\\n\\n"', until=R30),
+        # 0.30: chunks leave out absent fields
         _s(TITO, "ServingTokens.serve_tokens_stream_generator",
-           'yield f"data: {chunk.model_dump_json(exclude=exclude)}\\n\\n"',
+           'yield f"data: {chunk.model_dump_json(exclude=exclude)}\\n\\n"', since=R30),
+        # sized from the first result: `every_choice_first` hands it every choice ...
+        _s(TITO, "ServingTokens.serve_tokens_stream_generator",
+           "num_generated_tokens = [0] * len(res.outputs)", until=R32),
+        # ... until 0.32 sizes them by n (fixed upstream)
+        _s(TITO, "ServingTokens.serve_tokens_stream_generator",
            "num_generated_tokens = [0] * sampling_params.n", since=R32),
+        # 0.29: unstreamed requests run FINAL_ONLY (fixed upstream)
         _s(TITO, "ServingTokens.serve_tokens",
            "RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY",
-           since=R32),
+           since=R29),
         _s(TITO, "ServingTokens.serve_tokens_full_generator", "index=output.index"),
         _s(TITO_R, "generate", "isinstance(generator, ErrorResponse)"),
     ),
     "generate_route": (
         _f("vllm.entrypoints.scale_out.factories", "register_scale_out_api_routers",
-           "app", "supported_tasks", since=R32),
+           "app", "supported_tasks"),
         _s("vllm.entrypoints.scale_out.factories", "register_scale_out_api_routers",
-           'getattr(args, "enable_scale_out", False)', "disabled_scale_out",
-           'getattr(args, "tokens_only", False)', since=R32),
-        _n(TITO_R, "router", since=R32),
+           'getattr(args, "enable_scale_out", False)', 'getattr(args, "tokens_only", False)'),
+        # 0.32: without the option, 403 stubs the patch replaces (0.30-0.31: no route)
+        _s("vllm.entrypoints.scale_out.factories", "register_scale_out_api_routers",
+           "disabled_scale_out", since=R32),
+        _n(TITO_R, "router"),
     ),
     "completion_protocol": (
         _f(f"{CMPL}.protocol", "CompletionRequest.to_sampling_params", "self",
@@ -556,18 +575,18 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _f("{validation_handler}", "validation_exception_handler", "req", "exc"),
         _s(API_SERVER, "build_app",
            "app.exception_handler(RequestValidationError)(validation_exception_handler)",
-           until=R32),
+           until=R28),
         _s("vllm.entrypoints.serve.utils.server_utils", "validation_exception_handler",
            "JSONResponse(err.model_dump(), status_code=HTTPStatus.BAD_REQUEST)",
-           until=R32),
-        # 0.32: the handler has its own module, registered by init_exception_handler
+           until=R28),
+        # 0.28: the handler has its own module, registered by init_exception_handler
         _s(EXC_REGISTER, "init_exception_handler",
            "app.exception_handler(RequestValidationError)(validation_exception_handler)",
-           since=R32),
+           since=R28),
         _s(f"{EXC_HANDLERS}.validation", "validation_exception_handler",
            "message = f\"{count} validation {label}:\\n\"",
            "JSONResponse(err.model_dump(), status_code=HTTPStatus.BAD_REQUEST)",
-           since=R32),
+           since=R28),
     ),
     "refusal_log": (
         _s("vllm.entrypoints.openai.completion.serving",
@@ -600,7 +619,9 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "getattr(self, method_name)"),
         _s(SCHED, "Scheduler.__init__", "self.requests:", "self.waiting =",
            "self.running:", "self.finished_req_ids:", "self.kv_cache_manager = "),
-        _s(SCHED, "Scheduler.__init__", "self.skipped_waiting =", until=R32),
+        _s(SCHED, "Scheduler.__init__", "self.skipped_waiting =", until=R31),
+        _s(SCHED, "Scheduler.__init__", "self.kv_holding_waiting =", "self.deferred_waiting",
+           since=R31),
         _s("vllm.v1.core.kv_cache_manager", "KVCacheManager.__init__",
            "self.coordinator = ", "self.block_pool = "),
         _s("vllm.v1.core.kv_cache_coordinator", "KVCacheCoordinator.__init__",

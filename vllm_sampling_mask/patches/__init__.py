@@ -107,14 +107,15 @@ _RECORDS = (
           "seeded and unseeded/greedy rows (TopKTopPSampler.forward_cpu, "
           "len(generators) != logits.shape[0])",
           "upstream's forward_cpu draws seeded rows from their generators in mixed batches "
-          "(0.32 does: per-row SplitMix64 seeds)", until="0.32.0"),
+          "(0.29 does: `if not generators`, every seeded row from its generator; 0.32: "
+          "per-row SplitMix64 seeds)", until="0.29.0"),
     Patch("cpu_moe_float32_amx", ("vllm.model_executor.layers.fused_moe.cpu_fused_moe",),
           WORKER, X,
           NONE_KNOWN + "float32 MoE refused on AMX CPUs with a misleading alignment error "
           "(CPUFusedMOE.check_grouped_gemm raises for any non-bfloat16 dtype with AMX)",
-          "upstream's check falls back to the non-AMX kernels for other dtypes (0.32 does: "
+          "upstream's check falls back to the non-AMX kernels for other dtypes (0.28 does: "
           "its AMX experts declare bfloat16 only and the oracle picks another)",
-          until="0.32.0"),
+          until="0.28.0"),
     Patch("token_id_validation", (INPUT,), API, X,
           NONE_KNOWN + "token ids out of the model's vocabulary kill the engine "
           "(prompt id == vocab size, stop_token_ids unchecked, 64-bit overflow is a 500)",
@@ -148,8 +149,8 @@ _RECORDS = (
           "Triton's interpreter yields tensors from tl.range"),
     Patch("interpreter_libdevice", (f"{GPU}.sample.gumbel",), WORKER, E,
           "none: interpreter gap (libdevice stubs)",
-          "Triton's interpreter implements libdevice (0.32's gumbel.py no longer uses it)",
-          until="0.32.0"),
+          "Triton's interpreter implements libdevice (0.31's gumbel.py no longer uses it)",
+          until="0.31.0"),
     Patch("interpreter_patch_cache", ("triton.runtime.interpreter",), WORKER, E,
           "none: interpreter speed", "Triton's interpreter caches its language patching"),
     Patch("interpreter_dummy_run", (f"{GPU}.model_runner",), WORKER, E,
@@ -185,9 +186,9 @@ _RECORDS = (
           API, F, MASK_PR + "; n > 1 on /inference/v1/generate: " + NONE_KNOWN
           + "n > 1 returns one choice / mixes children", MASK_GONE + ", and n > 1 is fixed"),
     Patch("generate_route", ("vllm.entrypoints.scale_out.factories",), API, F,
-          "none: vLLM 0.32 serves the route only with --enable-scale-out",
+          "none: vLLM 0.30 on serves the route only with --enable-scale-out",
           "upstream serves /inference/v1/generate with its sampling-mask flag",
-          since="0.32.0"),
+          since="0.30.0"),
     Patch("completion_protocol", ("vllm.entrypoints.openai.completion.protocol",), API, F,
           MASK_PR, MASK_GONE),
     Patch("openai_completions", ("vllm.entrypoints.openai.completion.serving",), API, F,

@@ -72,7 +72,10 @@ def worker_state(worker) -> dict:
     return {"runner": type(runner).__name__}
 
 
-QUEUES = ("requests", "running", "waiting", "skipped_waiting", "finished_req_ids")
+# the scheduler's per-request containers, each counted where the release has it
+# (`skipped_waiting` until 0.30; `kv_holding_waiting` and `deferred_waiting` from 0.31)
+QUEUES = ("requests", "running", "waiting", "skipped_waiting", "kv_holding_waiting",
+          "deferred_waiting", "finished_req_ids")
 
 
 def engine_state(core) -> dict:

@@ -26,7 +26,9 @@ Remove when: upstream returns the per-request, packed and support-logprob
     filling, from `CompletionOutput.sampling_mask.token_ids`, is overwritten
     here in the request's format). Both n > 1 bugs are present in 0.27.1 and
     fixed in 0.32 (FINAL_ONLY for every non-streamed request; stream counters
-    sized by `sampling_params.n`): applied where `release.generate_n_bugs`.
+    sized by `sampling_params.n`): each applied where the release has it
+    (`release.generate_n_unstreamed_bug`: 0.27-0.28, fixed upstream in 0.29;
+    `generate_n_stream_bug`: 0.27-0.31).
 Upstream: the mask, vLLM #49577. The two n > 1 fixes (upstream bugs, kept in
     this module because they change the same three wrappers): no issue or PR
     known; would file "/inference/v1/generate: n > 1 returns fewer than n
@@ -53,7 +55,6 @@ def apply(module, release: Release) -> None:
 
     from vllm.entrypoints.scale_out.token_in_token_out import protocol
 
-    n_fixes = release.generate_n_bugs
     response_type = getattr(protocol, release.generate_response)
     error_response = error_response_class(release)
 
@@ -63,7 +64,8 @@ def apply(module, release: Release) -> None:
         forward_body_field(request.sampling_params, request.return_sampling_mask,
                            request.return_sampling_mask_logprobs)
         on = serving_mask_enabled(self)
-        if (on or (n_fixes and request.sampling_params.n > 1)) and not request.stream:
+        if not request.stream and (on or (release.generate_n_unstreamed_bug
+                                          and request.sampling_params.n > 1)):
             # One final output holding every child of n > 1.
             request.sampling_params.output_kind = RequestOutputKind.FINAL_ONLY
         result = await wrapped(*args, **kwargs)
@@ -83,7 +85,7 @@ def apply(module, release: Release) -> None:
     @wraps(module, "ServingTokens.serve_tokens_stream_generator")
     def serve_tokens_stream_generator(wrapped, self, args, kwargs):
         request = argument(wrapped, args, kwargs, "request")
-        n = request.sampling_params.n if n_fixes else 1
+        n = request.sampling_params.n if release.generate_n_stream_bug else 1
         if not serving_mask_enabled(self):
             if n > 1:
                 args, kwargs = with_argument(wrapped, args, kwargs, "result_generator",

@@ -1,17 +1,17 @@
-"""`POST /inference/v1/generate` served whenever the mask is on (vLLM 0.32).
+"""`POST /inference/v1/generate` served whenever the mask is on (vLLM 0.30 on).
 
 What: in `vllm/entrypoints/scale_out/factories.py`, wraps
     `register_scale_out_api_routers`: when the server runs with
-    `--return-sampling-mask` and upstream registered its scale-out endpoints as
-    disabled (no `--enable-scale-out`, no `--tokens-only`: each answers 403
-    "Scale-out endpoints are disabled"), the disabled stubs of the
-    token-in/token-out router (`/inference/v1/generate`,
-    `/inference/v1/abort_requests`) are replaced by the real routes. The render
+    `--return-sampling-mask` and upstream left its scale-out endpoints off (no
+    `--enable-scale-out`, no `--tokens-only`: 0.30-0.31 register nothing, 0.32
+    stubs that answer 403 "Scale-out endpoints are disabled"), the
+    token-in/token-out router's real routes (`/inference/v1/generate`,
+    `/inference/v1/abort_requests`) are served, in place of any stubs. The render
     and derender endpoints stay behind `--enable-scale-out`, as upstream has them.
-Why: on 0.27.1 the generate route is always served, and it is how RL trainers
+Why: up to 0.29 the generate route is always served, and it is how RL trainers
     read masks; the same `vllm serve ... --return-sampling-mask` line must serve it
-    on both releases (README), without switching on unrelated endpoints.
-Upstream: vLLM 0.32 gates the route with `--enable-scale-out`
+    on every release (README), without switching on unrelated endpoints.
+Upstream: vLLM 0.30 on gates the route with `--enable-scale-out`
     (`entrypoints/scale_out/factories.py`).
 Remove when: upstream serves the generate route with its sampling-mask flag.
 """
