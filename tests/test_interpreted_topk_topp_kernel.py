@@ -42,6 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_sampling_mask import patching
 from vllm_sampling_mask.interpreter import triton_interpreter_on
 
 # ---------------------------------------------------------------- reference
@@ -403,5 +404,5 @@ def test_shim_changes_nothing_without_interpreter(monkeypatch):
     monkeypatch.setattr(wrapt, "wrap_function_wrapper", lambda *a, **kw: wrapped.append(a))
     monkeypatch.setattr(shim, "_applied", False)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    shim.apply(None)
+    shim.apply(None, patching.upstream_release())
     assert wrapped == []

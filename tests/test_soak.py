@@ -126,6 +126,7 @@ def wait_for_zero(base, timeout=20.0) -> dict:
 def test_the_route_exists_only_with_the_variable(monkeypatch):
     from fastapi import FastAPI
 
+    from vllm_sampling_mask import patching
     from vllm_sampling_mask.patches.diagnostics import debug_state, debug_state_core
 
     monkeypatch.delenv(debug_state_core.ENV, raising=False)
@@ -139,14 +140,14 @@ def test_the_route_exists_only_with_the_variable(monkeypatch):
     class Module:
         EngineCore = Core
 
-    debug_state_core.apply(Module)
+    debug_state_core.apply(Module, patching.upstream_release())
     assert not hasattr(Core, debug_state_core.METHOD)
 
     monkeypatch.setenv(debug_state_core.ENV, "1")
     app = FastAPI()
     assert debug_state.register(app) is True
     assert debug_state.PATH in {r.path for r in app.routes}
-    debug_state_core.apply(Module)
+    debug_state_core.apply(Module, patching.upstream_release())
     assert callable(getattr(Core, debug_state_core.METHOD))
 
 
