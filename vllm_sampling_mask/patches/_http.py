@@ -65,6 +65,9 @@ def logprobs_field():
 # The response choice fields of the support logprobs (lists format).
 LogprobsField = list[list[float]] | None
 LogKeptField = list[float] | None
+# The response choice field that says why `sampling_mask` is null from some token on
+# (a request that never asked for a mask, which the mask path never fails).
+ReasonField = str | None
 
 
 # The request body field `sampling_mask_format` (top level, like the one above).
@@ -123,9 +126,10 @@ def declare_openai_fields(module, request: str, choice: str, response: str) -> N
     Choice = type(choice, (getattr(module, choice),),
                   {"__annotations__": {"sampling_mask": MaskField,
                                        "sampling_mask_logprobs": LogprobsField,
-                                       "sampling_mask_log_kept": LogKeptField},
+                                       "sampling_mask_log_kept": LogKeptField,
+                                       "sampling_mask_reason": ReasonField},
                    "sampling_mask": None, "sampling_mask_logprobs": None,
-                   "sampling_mask_log_kept": None,
+                   "sampling_mask_log_kept": None, "sampling_mask_reason": None,
                    "__module__": module.__name__})
     Response = type(response, (getattr(module, response),),
                     {"__annotations__": {"choices": list[Choice]},
@@ -184,6 +188,8 @@ def set_choice_mask(choice, completion, packed: bool) -> None:
     """Fill a response choice from its final `CompletionOutput`: `sampling_mask`,
     and in lists format the support logprobs beside it (when asked for)."""
     choice.sampling_mask = mask_lists(completion, packed)
+    if completion.sampling_mask_reason is not None:
+        choice.sampling_mask_reason = completion.sampling_mask_reason
     mask = completion.sampling_mask
     if not packed and mask is not None and mask.logprobs is not None:
         choice.sampling_mask_logprobs = mask.logprob_lists()
@@ -241,7 +247,8 @@ class StreamMasks:
     supports of the tokens of the output upstream is building that chunk from
     (the chunk's own `token_ids`), with those of any earlier output upstream
     gave no chunk; `[]` for a chunk built from no output (the chat role chunk);
-    null for a request without a mask.
+    null for a request without a mask; null with `sampling_mask_reason` from the
+    chunk that holds the token where a request that never asked lost its mask on.
     """
 
     def __init__(self, choice_index: Callable[[int, object], int] | None = None,
@@ -251,6 +258,7 @@ class StreamMasks:
         self._choice_index = choice_index or (lambda _prompt, completion: completion.index)
         self._indexed = indexed  # results are (prompt index, RequestOutput) pairs
         self._pending: dict[int, list[SamplingMask]] = {}
+        self._reasons: dict[int, str] = {}   # choice index -> why its mask stopped
         self._masked = False
         self._packed = packed    # `sampling_mask_format: "packed"`
         self._logprobs = logprobs  # `return_sampling_mask_logprobs: true`
@@ -268,7 +276,10 @@ class StreamMasks:
             await results.aclose()
 
     def _reach(self, prompt: int, completion) -> None:
-        if completion.sampling_mask is not None:
+        if completion.sampling_mask_reason is not None:
+            self._reasons.setdefault(self._choice_index(prompt, completion),
+                                     completion.sampling_mask_reason)
+        elif completion.sampling_mask is not None:
             self._pending.setdefault(self._choice_index(prompt, completion),
                                      []).append(completion.sampling_mask)
 
@@ -285,6 +296,10 @@ class StreamMasks:
             return event  # [DONE], an error event, the usage chunk
         for choice in chunk["choices"]:
             parts = self._pending.pop(choice["index"], [])
+            if choice["index"] in self._reasons:   # this token on: no mask, and why
+                choice["sampling_mask"] = None
+                choice["sampling_mask_reason"] = self._reasons[choice["index"]]
+                continue
             if not self._masked:
                 choice["sampling_mask"] = None
                 continue

@@ -23,8 +23,8 @@ Remove when: upstream declares a per-request switch, the packed format and the
 from __future__ import annotations
 
 from vllm_sampling_mask.patches._http import (BodyField, FormatField, LogKeptField,
-                                              LogprobsField, MaskField, body_field,
-                                              format_field, logprobs_field)
+                                              LogprobsField, MaskField, ReasonField,
+                                              body_field, format_field, logprobs_field)
 
 # response class -> its choice class, per vLLM release (0.32 split the response by
 # `output_mode` and streamed chunks got classes of their own)
@@ -50,9 +50,11 @@ def apply(module) -> None:
         Choice = type(choice, (getattr(module, choice),), {
             "__annotations__": {"sampling_mask": MaskField,
                                 "sampling_mask_logprobs": LogprobsField,
-                                "sampling_mask_log_kept": LogKeptField},
+                                "sampling_mask_log_kept": LogKeptField,
+                                "sampling_mask_reason": ReasonField},
             "sampling_mask": None, "sampling_mask_logprobs": None,
-            "sampling_mask_log_kept": None, "__module__": module.__name__})
+            "sampling_mask_log_kept": None, "sampling_mask_reason": None,
+            "__module__": module.__name__})
         Response = type(response, (getattr(module, response),), {
             "__annotations__": {"choices": list[Choice]}, "__module__": module.__name__})
         setattr(module, choice, Choice)
