@@ -366,11 +366,21 @@ def test_top_p_only_and_min_p_only_supports_are_exact(llm, hf_model):
 
 
 def test_a_support_wider_than_the_size_limit_ends_only_its_request(llm, tokenizer):
-    """top_p=0.999 alone keeps thousands of ids: wider than the engine's 128."""
-    params = [SamplingParams(temperature=1.0, top_p=0.999, max_tokens=8, seed=70),
+    """top_p=0.999 alone keeps thousands of ids: wider than the engine's 128. A request
+    that asked for its mask ends with the size error; one that left the switch null is
+    never failed by the mask path: it runs to its end, without a mask from that
+    token on, and `sampling_mask_reason` says why (never a partial mask)."""
+    params = [SamplingParams(temperature=1.0, top_p=0.999, max_tokens=8, seed=70,
+                             extra_args=_ask(True)),
               SamplingParams(temperature=1.0, top_k=20, max_tokens=8, ignore_eos=True,
-                             seed=71)]
-    wide, fine = [o.outputs[0] for o in llm.generate(PROMPTS[:2], params)]
+                             seed=71),
+              SamplingParams(temperature=1.0, top_p=0.999, max_tokens=8, seed=70,
+                             ignore_eos=True)]
+    wide, fine, unasked = [o.outputs[0] for o in llm.generate(PROMPTS[:2] + PROMPTS[:1],
+                                                              params)]
+    assert unasked.finish_reason == "length" and len(unasked.token_ids) == 8
+    assert unasked.sampling_mask is None and unasked.sampling_mask_error is None
+    assert "--max-sampling-mask-size 128" in unasked.sampling_mask_reason
     assert wide.finish_reason == "error"
     assert "--max-sampling-mask-size 128" in wide.sampling_mask_error
     assert len(wide.sampling_mask) == len(wide.token_ids)
