@@ -134,3 +134,66 @@ def test_a_stream_that_never_asked_carries_null_and_the_reason_from_the_drop_on(
     assert all(c["sampling_mask"] is not None for c in choices[:dropped[0]])
     with pytest.raises(ValueError, match="sampling mask dropped from this token on"):
         SamplingMask.from_response(chunks)
+
+
+@pytest.mark.parametrize("route", [GEN, CMPL, CHAT])
+def test_a_misspelled_mask_field_is_a_400_naming_the_right_one(mask_server, route):
+    for wrong, right in (("return_sampling_masks", "return_sampling_mask"),
+                         ("return_sampling_mask_logprob", "return_sampling_mask_logprobs"),
+                         ("sampling_masks_format", "sampling_mask_format")):
+        r = post(mask_server, route, body(route, {"top_k": 5}, **{wrong: True}))
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == right and repr(wrong) in error["message"], error
+    # other unknown fields keep vLLM's handling (ignored)
+    r = post(mask_server, route, body(route, {"top_k": 5}, some_other_field=1))
+    assert r.status_code == 200, r.text
+    assert requests.get(mask_server + "/health", timeout=30).status_code == 200
+
+
+def test_a_mask_field_or_a_sampling_field_in_the_wrong_place_on_generate(mask_server):
+    r = post(mask_server, GEN, body(GEN, {"top_k": 5, "return_sampling_mask": True}))
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "return_sampling_mask"
+    assert "top level of the body, beside sampling_params" in error["message"]
+    r = post(mask_server, GEN, body(GEN, top_k=5))
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "sampling_params.top_k" and "inside sampling_params" in \
+        error["message"]
+    # where it belongs, it works (extra_args too, as before)
+    assert masks_of(post(mask_server, GEN, body(GEN, {"top_k": 5},
+                                                return_sampling_mask=True)))[0]
+    r = post(mask_server, CMPL, body(CMPL, {"top_k": 5},
+                                     extra_body={"return_sampling_mask": True}))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "return_sampling_mask"
+    assert "extra_body is the openai client's argument" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("route", [GEN, CMPL, CHAT])
+def test_a_refused_request_not_streamed_logs_one_line(mask_server, mask_server_log, route):
+    before = mask_server_log.stat().st_size
+    payload = body(route, {"temperature": 0.0} if route == GEN else {},
+                   return_sampling_mask=True)
+    if route != GEN:
+        payload["temperature"] = 0.0
+    r = post(mask_server, route, payload)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"
+    assert requests.get(mask_server + "/health", timeout=30).status_code == 200
+    with open(mask_server_log) as f:
+        f.seek(before)
+        logged = f.read()
+    refused = [line for line in logged.splitlines() if "Request refused in " in line]
+    assert len(refused) == 1, logged[-3000:]
+    assert "(temperature): temperature=0.0 is greedy" in refused[0]
+    assert "Traceback" not in logged
+
+
+@pytest.mark.parametrize("route", [GEN, CMPL, CHAT])
+@pytest.mark.parametrize("field, value", [("top_k", -2), ("min_p", 2.0), ("n", 0)])
+def test_vllms_own_sampling_refusals_name_the_parameter(mask_server, route, field, value):
+    r = post(mask_server, route, body(route, {field: value}))
+    assert r.status_code == 400, r.text
+    param = r.json()["error"]["param"]
+    assert param == (f"sampling_params.{field}" if route == GEN else field), r.json()

@@ -19,10 +19,16 @@
   each chunk choice upstream emits, the supports of exactly that chunk's tokens;
 - `open_stream`: a stream whose first event is an error (the input processor
   refused the request) is answered with that HTTP error instead of a 200;
+- `answered`: a request the route refuses without streaming (an error response
+  with a 4xx code) logs one line, as a refused stream does (`refusal_log`), and an
+  upstream refusal without `param` whose message starts with a sampling
+  parameter's name ("top_k must be ...") gets that name as its `param`
+  (`sampling_params.top_k` on generate);
 - `body_is_an_object`: the OpenAI request subclasses answer a body that is no
   JSON object (`[]`) with a 400, where upstream's validators raised an
   AttributeError (HTTP 500). Remove when upstream's before-validators check
-  `isinstance(data, dict)` first.
+  `isinstance(data, dict)` first. `checked_body` adds the misspelled or misplaced
+  mask fields (`messages.misplaced_field`), which the routes would ignore.
 """
 
 from __future__ import annotations
@@ -107,6 +113,17 @@ def body_is_an_object(cls, data):
     return data
 
 
+def checked_body(cls, data):
+    """The OpenAI request subclasses' before-validator: a body that is a JSON object
+    (`body_is_an_object`) whose mask fields are spelled and placed as the route
+    reads them (`messages.refuse_misplaced_fields`: a near miss such as
+    `return_sampling_masks`, or the field inside a raw `extra_body`, is a 400 naming
+    the right field; other unknown fields keep upstream's handling)."""
+    from vllm_sampling_mask.messages import refuse_misplaced_fields
+
+    return refuse_misplaced_fields(cls, body_is_an_object(cls, data), generate=False)
+
+
 def declare_openai_fields(module, request: str, choice: str, response: str) -> None:
     """In an OpenAI protocol module, replace the request class `request` with a
     subclass declaring the body field (forwarded by its `to_sampling_params`),
@@ -121,7 +138,7 @@ def declare_openai_fields(module, request: str, choice: str, response: str) -> N
                     MASK_ARG: body_field(), FORMAT_ARG: format_field(),
                     LOGPROBS_ARG: logprobs_field(),
                     "_body_is_an_object": model_validator(mode="before")(
-                        classmethod(body_is_an_object)),
+                        classmethod(checked_body)),
                     "__module__": module.__name__})
     Choice = type(choice, (getattr(module, choice),),
                   {"__annotations__": {"sampling_mask": MaskField,
@@ -153,7 +170,8 @@ async def create_with_masks(serving, wrapped, args, kwargs):
 
     request = argument(wrapped, args, kwargs, "request")
     try:
-        result = await wrapped(*args, **kwargs)
+        result = answered(await refusing(wrapped(*args, **kwargs), wrapped.__name__),
+                          wrapped.__name__)
     except SamplingMaskGenerationError as exc:
         return serving.create_error_response(exc)
     if isinstance(result, AsyncIterator) and (
@@ -333,6 +351,54 @@ def _event_json(event: str) -> dict | None:
     if not event.startswith("data: {"):
         return None
     return json.loads(event[len("data: "):])
+
+
+async def refusing(call, where: str, prefix: str = ""):
+    """Await a route's call; a client error it raises (vLLM 0.32 raises refusals to
+    the app's exception handlers, 0.27.1 returns them: `answered`) gets its
+    `parameter` filled from its message where upstream left it None
+    (`messages.param_in_message`, with `prefix`) and logs one line
+    (`messages.refusal_line`), then propagates unchanged otherwise."""
+    import logging
+
+    from vllm.exceptions import VLLMClientError
+
+    from vllm_sampling_mask.messages import param_in_message, refusal_line
+
+    try:
+        return await call
+    except VLLMClientError as exc:
+        if isinstance(exc, SamplingMaskGenerationError):
+            raise
+        if getattr(exc, "parameter", "") is None and (named := param_in_message(
+                str(exc.args[0]) if exc.args else "")):
+            exc.parameter = prefix + named
+        logging.getLogger("vllm.sampling_mask").info("%s", refusal_line(exc, where))
+        raise
+
+
+def answered(result, where: str, prefix: str = ""):
+    """A route's own answer, returned as it is; when it is a refusal (an error
+    response with a 4xx code), its `param` filled from its message where upstream
+    left it null (`messages.param_in_message`, with `prefix`: `sampling_params.` on
+    generate), and one log line saying so, as `refusal_log` words a refused stream."""
+    import logging
+
+    from vllm_sampling_mask.messages import param_in_message
+    from vllm_sampling_mask.patches._moved import upstream
+
+    if not isinstance(result, upstream("ErrorResponse")):
+        return result
+    error = result.error
+    if not 400 <= int(error.code) < 500:
+        return result
+    if error.param is None and (named := param_in_message(error.message)):
+        error.param = prefix + named
+    named = f" ({error.param})" if error.param else ""
+    logging.getLogger("vllm.sampling_mask").info(
+        "Request refused in %s: %s%s: %s", where, error.type, named,
+        " ".join(str(error.message).split()))
+    return result
 
 
 async def open_stream(events: AsyncIterator[str]):

@@ -5,7 +5,11 @@ What: in `vllm/entrypoints/scale_out/token_in_token_out/protocol.py`, replaces
     `GenerateRequest` with a subclass that declares the top-level body field
     `return_sampling_mask: bool | None` (strict: "yes" is a 400 naming it;
     upstream's model ignores unknown fields) and `sampling_mask_format:
-    "lists" | "packed" | None` (any other value a 400 naming it), and each
+    "lists" | "packed" | None` (any other value a 400 naming it), a
+    before-validator that answers a misspelled mask field, one inside
+    `sampling_params`, or a sampling parameter at the top level (`top_k`) with a
+    400 naming the right field and place (`messages.misplaced_field`; upstream
+    ignores them silently), and each
     choice class with its response class (`CHOICES`, per release) with
     subclasses that declare `sampling_mask: list[list[int]] | <packed object> |
     None` and the support-logprob fields (the response class too: pydantic
@@ -22,6 +26,9 @@ Remove when: upstream declares a per-request switch, the packed format and the
 
 from __future__ import annotations
 
+from pydantic import model_validator
+
+from vllm_sampling_mask.messages import refuse_misplaced_fields
 from vllm_sampling_mask.patches._http import (BodyField, FormatField, LogKeptField,
                                               LogprobsField, MaskField, ReasonField,
                                               body_field, format_field, logprobs_field)
@@ -44,6 +51,11 @@ def apply(module) -> None:
         return_sampling_mask: BodyField = body_field()
         sampling_mask_format: FormatField = format_field()
         return_sampling_mask_logprobs: BodyField = logprobs_field()
+
+        # a misspelled mask field, one inside sampling_params, or a top-level top_k:
+        # a 400 naming the right field and place, not silently ignored
+        _misplaced = model_validator(mode="before")(classmethod(
+            lambda cls, data: refuse_misplaced_fields(cls, data, generate=True)))
 
     module.GenerateRequest = GenerateRequest
     for response, choice in CHOICES[upstream_release()].items():

@@ -12,7 +12,8 @@ What: in `vllm/v1/core/sched/scheduler.py`, makes the scheduler build
     `sampling_mask_error` saying why, carrying no unmasked token; the rest of
     the batch and the engine go on. A request whose mask was decided by
     default (its switch null: `validation.mask_is_optional`, read from
-    `Scheduler.requests`) is never ended by the mask path: the same problem
+    `Scheduler.requests` before upstream frees
+    the step's finished ones) is never ended by the mask path: the same problem
     keeps its token and sets `sampling_mask_reason` instead, and the output
     processor serves that token and every later one without a mask. A step with tokens but no
     `ModelRunnerOutput.sampling_mask_step` raises `MissingSamplingMaskError`.
@@ -58,10 +59,15 @@ def apply(module) -> None:
 
     @wraps(module, "Scheduler.update_from_output")
     def update_from_output(wrapped, self, args, kwargs):
-        outputs = wrapped(*args, **kwargs)
         if not mask_enabled(self.vllm_config):
-            return outputs
+            return wrapped(*args, **kwargs)
         model_runner_output = argument(wrapped, args, kwargs, "model_runner_output")
+        # read before upstream runs: it frees the requests this step finishes
+        optional = {req_id for req_id in model_runner_output.req_id_to_index
+                    if (r := self.requests.get(req_id)) is not None
+                    and r.sampling_params is not None
+                    and mask_is_optional(r.sampling_params)}
+        outputs = wrapped(*args, **kwargs)
         masks = model_runner_output.sampling_mask_step
         index = model_runner_output.req_id_to_index
         failed = []
@@ -83,8 +89,7 @@ def apply(module) -> None:
                     problem = f"internal error while slicing its mask: {exc!r}"
                 if problem is None:
                     continue
-                request = self.requests.get(out.request_id)
-                if request is not None and mask_is_optional(request.sampling_params):
+                if out.request_id in optional:
                     # never asked for: serve on without a mask, never end the request
                     logger.info("sampling mask: request %s goes on without a mask: %s",
                                 out.request_id, problem)
