@@ -377,6 +377,29 @@ async def refusing(call, where: str, prefix: str = ""):
         raise
 
 
+def naming_sampling_refusals(cls, data, handler):
+    """A wrap-validator for `/inference/v1/generate`'s body: upstream's own refusal of
+    a sampling parameter, raised while pydantic builds `sampling_params` ("top_k must
+    be 0 (disable), or at least 1, got -2.", no parameter), names
+    `sampling_params.<name>` (`messages.param_in_message`)."""
+    from vllm.exceptions import VLLMClientError
+
+    from vllm_sampling_mask.messages import param_in_message
+
+    try:
+        return handler(data)
+    except VLLMClientError as exc:
+        if getattr(exc, "parameter", "") is None and (named := param_in_message(
+                str(exc.args[0]) if exc.args else "")):
+            exc.parameter = "sampling_params." + named
+        import logging
+
+        from vllm_sampling_mask.messages import refusal_line
+        logging.getLogger("vllm.sampling_mask").info(
+            "%s", refusal_line(exc, "/inference/v1/generate's body"))
+        raise
+
+
 def answered(result, where: str, prefix: str = ""):
     """A route's own answer, returned as it is; when it is a refusal (an error
     response with a 4xx code), its `param` filled from its message where upstream

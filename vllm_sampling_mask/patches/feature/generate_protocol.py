@@ -31,6 +31,7 @@ from pydantic import model_validator
 from vllm_sampling_mask.messages import refuse_misplaced_fields
 from vllm_sampling_mask.patches._http import (BodyField, FormatField, LogKeptField,
                                               LogprobsField, MaskField, ReasonField,
+                                              naming_sampling_refusals,
                                               body_field, format_field, logprobs_field)
 
 # response class -> its choice class, per vLLM release (0.32 split the response by
@@ -56,6 +57,8 @@ def apply(module) -> None:
         # a 400 naming the right field and place, not silently ignored
         _misplaced = model_validator(mode="before")(classmethod(
             lambda cls, data: refuse_misplaced_fields(cls, data, generate=True)))
+        # upstream's own sampling refusals ("top_k must be ...") name sampling_params.top_k
+        _named = model_validator(mode="wrap")(classmethod(naming_sampling_refusals))
 
     module.GenerateRequest = GenerateRequest
     for response, choice in CHOICES[upstream_release()].items():
