@@ -17,9 +17,11 @@ each client is the same in both phases (seeded).
 
 Every completed choice is checked: on the mask server, one support per token,
 the sampled token inside it, ids ascending, unique and within the vocabulary,
-a mask present whenever `return_sampling_mask` was true and absent when false;
+a mask present whenever `return_sampling_mask` was true and absent when false (with
+the switch null it may be dropped, `sampling_mask_reason`, never partial);
 on the off server, no mask. Reported per phase: requests, completed, aborted,
-4xx (expected: wide supports over `--max-sampling-mask-size`), 5xx (goal 0),
+4xx (expected: wide supports over `--max-sampling-mask-size` of requests that asked),
+5xx (goal 0),
 connection errors, mask violations (goal 0), tokens, p50/p99 latency, the server
 process tree's RSS after a warm-up and at the end (goal: growth < 5%), and,
 once the load has stopped (by default every client with a request in flight
@@ -114,7 +116,8 @@ def make_plan(rng: random.Random, model: str, mask_server: bool, vocab: int,
     truncated = bool(top_k or top_p < 1.0 or min_p)
     may_mask = mask_server and not greedy and (
         mask_arg is True or (mask_arg is None and truncated))
-    may_be_wide = may_mask and not top_k
+    # a size-limit error only for a request that asked: a null switch drops the mask
+    may_be_wide = may_mask and not top_k and mask_arg is True
     abort_after_chunks = abort_after_s = None
     if rng.random() < abort_rate:
         if stream:
@@ -289,6 +292,7 @@ async def _full(session, base, plan: Plan, stats: Stats, mask_server, vocab, sta
 
 async def _streamed(session, base, plan: Plan, stats: Stats, mask_server, vocab, start):
     joined: dict[int, tuple[list, list | None]] = {}
+    dropped: set[int] = set()   # choices whose mask stopped (sampling_mask_reason)
     events = 0
     errored = False
     async with session.post(base + PATHS[plan.route], json=plan.body) as resp:
@@ -318,7 +322,11 @@ async def _streamed(session, base, plan: Plan, stats: Stats, mask_server, vocab,
                 tokens, mask = _tokens_and_mask(c)
                 have_tokens, have_mask = joined.setdefault(c["index"], ([], None))
                 have_tokens.extend(tokens)
-                if mask is not None:
+                if c.get("sampling_mask_reason"):
+                    # switch null, mask dropped from here on: the choice has none
+                    dropped.add(c["index"])
+                    joined[c["index"]] = (have_tokens, None)
+                elif mask is not None and c["index"] not in dropped:
                     joined[c["index"]] = (have_tokens, (have_mask or []) + mask)
             if plan.abort_after_chunks is not None and events >= plan.abort_after_chunks:
                 resp.close()       # the client goes away mid-stream

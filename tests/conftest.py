@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 
 import torch
@@ -36,7 +37,20 @@ PROMPTS = DEMO_PROMPTS
 
 
 def free_port() -> int:
-    """A free TCP port on the loopback interface, for a test's own server."""
+    """A free TCP port on the loopback interface, for a test's own server; within
+    `VLLM_SAMPLING_MASK_TEST_PORTS` ("first-last") when set (a host shared with
+    other jobs that keep to other ranges)."""
+    span = os.environ.get("VLLM_SAMPLING_MASK_TEST_PORTS")
+    if span:
+        first, last = (int(p) for p in span.split("-"))
+        for port in random.sample(range(first, last + 1), last + 1 - first):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+        raise RuntimeError(f"no free port in VLLM_SAMPLING_MASK_TEST_PORTS={span}")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

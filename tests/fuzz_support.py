@@ -25,7 +25,10 @@ outcome must satisfy (`Checker.check`):
   a choice that should not carry one has `sampling_mask: null` (every chunk);
 - a stream's chunks each carry the supports of exactly their own tokens;
 - the only allowed error is the size-limit one, and only for a request that
-  carries a mask: its message names `--max-sampling-mask-size <limit>`;
+  asked for its mask (true): its message names `--max-sampling-mask-size <limit>`;
+  a request that left the switch null is never failed by it: with a top_k above the
+  limit it has no mask, and a step wider than the limit turns its mask null, with
+  `sampling_mask_reason`, from that chunk on (a "size-limit drop");
 - no 5xx, no hang; after every example `/health` is 200 and the engine runs and
   waits for nothing (no request left behind by an abort);
 - supports are exact against an independent float32 reference (the demo model
@@ -299,6 +302,8 @@ def expects_mask(req: Req) -> bool:
     if req.mask_field is False:
         return False
     sp = req.sp
+    if LIMIT < sp["top_k"] < VOCAB:   # null: known up front to outgrow the limit
+        return False
     return sp["temperature"] > 0 and (sp["top_k"] > 0 or sp["top_p"] < 1
                                       or sp["min_p"] > 0)
 
@@ -309,6 +314,7 @@ def expects_mask(req: Req) -> bool:
 class Choice:
     tokens: list = dataclasses.field(default_factory=list)
     masks: list = dataclasses.field(default_factory=list)   # per chunk: list or None
+    reasons: list = dataclasses.field(default_factory=list)  # per chunk: sampling_mask_reason
     logprobs: list = dataclasses.field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: object = None
@@ -349,6 +355,7 @@ def _absorb(out: Outcome, req: Req, event: dict, streamed: bool) -> None:
                                f"{len(tokens)} tokens")
         ch.tokens += tokens
         ch.masks.append(mask)
+        ch.reasons.append(c.get("sampling_mask_reason"))
         ch.logprobs += _logprob_values(req.route, c.get("logprobs"))
         if c.get("finish_reason") is not None:
             ch.finish_reason = c["finish_reason"]
@@ -501,6 +508,7 @@ class Stats:
     replays: int = 0                   # seeded requests compared alone vs in a crowd
     aborts: int = 0
     size_limit_errors: int = 0
+    size_limit_drops: int = 0          # null switch: the mask dropped, the request served
     refusals: Counter = dataclasses.field(default_factory=Counter)
     routes: Counter = dataclasses.field(default_factory=Counter)
     violations: list = dataclasses.field(default_factory=list)
@@ -519,7 +527,8 @@ class Stats:
             f"seeded requests replayed alone vs in a crowd {self.replays}",
             f"refusals {sum(self.refusals.values())} "
             f"({', '.join(f'{k!r}: {v}' for k, v in sorted(self.refusals.items()))}), "
-            f"size-limit errors {self.size_limit_errors}, aborts {self.aborts}",
+            f"size-limit errors {self.size_limit_errors}, drops "
+            f"{self.size_limit_drops}, aborts {self.aborts}",
             f"violations {len(self.violations)}",
         ]
         lines += [f"  VIOLATION {v}" for v in self.violations[:20]]
@@ -568,7 +577,8 @@ class Checker:
                                     f"HTTP {out.status}: {out.error}")
             return
         if out.error is not None or out.status != 200:
-            if out.status in (200, 400) and SIZE_ERROR in out.error and expects_mask(req):
+            if (out.status in (200, 400) and SIZE_ERROR in out.error
+                    and req.mask_field is True):
                 s.size_limit_errors += 1
                 for ch in out.choices.values():   # chunks before the error event
                     self._check_choice(req, out, ch, complete=False)
@@ -593,8 +603,16 @@ class Checker:
                 self.violation(req, "a mask on a request that resolves to none")
             masks = None
         elif len(chunk_masks) != len(ch.masks):
-            self.violation(req, "a null mask on a request that must carry one")
-            return
+            first = next(i for i, m in enumerate(ch.masks) if m is None)
+            if req.mask_field is True or any(m is not None for m in ch.masks[first:]) \
+                    or not all(ch.reasons[first:]):
+                self.violation(req, "a null mask on a request that must carry one "
+                                    "(or, switch null, not null from one chunk on with "
+                                    f"sampling_mask_reason): {ch.reasons}")
+                return
+            if SIZE_ERROR in ch.reasons[first]:
+                self.stats.size_limit_drops += 1
+            masks = None      # dropped: no support to check
         else:
             masks = [s for m in chunk_masks for s in m]
         if complete:

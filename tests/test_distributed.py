@@ -120,12 +120,19 @@ def test_switch_size_limit_n2_streaming_and_abort(mode):
         off = generate(base, [5, 6, 7], headers, sampling_params=params,
                        return_sampling_mask=False)
         assert off.status_code == 200 and off.json()["choices"][0]["sampling_mask"] is None
-        # min_p alone: a support outgrows the engine's limit, a 400 naming it (wide
-        # from the first step on at this temperature, whatever the sampled path)
-        r = generate(base, [5, 6, 7], headers, sampling_params=dict(
-            temperature=1.5, min_p=0.002, max_tokens=16, seed=0))
+        # min_p alone: a support outgrows the engine's limit (wide from the first
+        # step on at this temperature, whatever the sampled path): a 400 naming it for
+        # a request that asked for its mask; with the switch unset, served without one
+        wide = dict(temperature=1.5, min_p=0.002, max_tokens=16, seed=0)
+        r = generate(base, [5, 6, 7], headers, sampling_params=wide,
+                     return_sampling_mask=True)
         assert r.status_code == 400
         assert f"--max-sampling-mask-size {SERVER_MAX_MASK_SIZE}" in r.json()["error"]["message"]
+        r = generate(base, [5, 6, 7], headers, sampling_params=wide)
+        assert r.status_code == 200, r.text
+        (choice,) = r.json()["choices"]
+        assert choice["sampling_mask"] is None
+        assert f"--max-sampling-mask-size {SERVER_MAX_MASK_SIZE}" in choice["sampling_mask_reason"]
         # n = 2, streamed: every chunk's tokens carry their masks
         body = {"model": DEMO_MODEL, "token_ids": [5, 6, 7], "stream": True,
                 "sampling_params": dict(temperature=0.8, top_k=20, max_tokens=8, seed=5, n=2)}

@@ -322,8 +322,9 @@ def test_bad_requests_fail_alone_and_the_engine_keeps_serving(llm):
     # token ids the model has no row for (upstream let == vocab size through: engine dead)
     with pytest.raises(ValueError, match=r"token id 4096 \(position 1 of 2\).*\[0, 4095\]"):
         llm.generate({"prompt_token_ids": [5, 4096]}, SamplingParams(max_tokens=2))
-    with pytest.raises(ValueError, match="prompt token ids.*token id -1"):
+    with pytest.raises(ValueError, match="prompt_token_ids: token id -1") as refused:
         llm.generate({"prompt_token_ids": [-1, 5]}, SamplingParams(max_tokens=2))
+    assert "/inference" not in str(refused.value)   # offline: named as LLM takes them
     with pytest.raises(ValueError, match="stop_token_ids: token id 4096"):
         llm.generate(["x"], SamplingParams(stop_token_ids=[4096], min_tokens=1))
     out = llm.generate(["x"], SamplingParams(temperature=1.0, top_k=5, max_tokens=3))
@@ -366,11 +367,21 @@ def test_top_p_only_and_min_p_only_supports_are_exact(llm, hf_model):
 
 
 def test_a_support_wider_than_the_size_limit_ends_only_its_request(llm, tokenizer):
-    """top_p=0.999 alone keeps thousands of ids: wider than the engine's 128."""
-    params = [SamplingParams(temperature=1.0, top_p=0.999, max_tokens=8, seed=70),
+    """top_p=0.999 alone keeps thousands of ids: wider than the engine's 128. A request
+    that asked for its mask ends with the size error; one that left the switch null is
+    never failed by the mask path: it runs to its end, without a mask from that
+    token on, and `sampling_mask_reason` says why (never a partial mask)."""
+    params = [SamplingParams(temperature=1.0, top_p=0.999, max_tokens=8, seed=70,
+                             extra_args=_ask(True)),
               SamplingParams(temperature=1.0, top_k=20, max_tokens=8, ignore_eos=True,
-                             seed=71)]
-    wide, fine = [o.outputs[0] for o in llm.generate(PROMPTS[:2], params)]
+                             seed=71),
+              SamplingParams(temperature=1.0, top_p=0.999, max_tokens=8, seed=70,
+                             ignore_eos=True)]
+    wide, fine, unasked = [o.outputs[0] for o in llm.generate(PROMPTS[:2] + PROMPTS[:1],
+                                                              params)]
+    assert unasked.finish_reason == "length" and len(unasked.token_ids) == 8
+    assert unasked.sampling_mask is None and unasked.sampling_mask_error is None
+    assert "--max-sampling-mask-size 128" in unasked.sampling_mask_reason
     assert wide.finish_reason == "error"
     assert "--max-sampling-mask-size 128" in wide.sampling_mask_error
     assert len(wide.sampling_mask) == len(wide.token_ids)

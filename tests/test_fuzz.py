@@ -59,9 +59,14 @@ def test_concurrent_batches_over_every_route_keep_the_mask_invariants(mask_serve
             "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
             "logit_bias": {}, "bad_words": [], "stop": [], "stop_token_ids": [],
             "min_tokens": 0, "max_tokens": 16, "ignore_eos": True, "logprobs": None}
-    errors = stats.size_limit_errors
-    fs.run_example(mask_server, checker, [fs.Req("generate", False, [5, 6, 7], wide)])
+    errors, drops = stats.size_limit_errors, stats.size_limit_drops
+    fs.run_example(mask_server, checker, [fs.Req("generate", False, [5, 6, 7], wide,
+                                                 mask_field=True)])
     assert stats.size_limit_errors == errors + 1, stats.violations[-3:]
+    # the same request with the switch unset: served to its end, the mask dropped
+    fs.run_example(mask_server, checker, [fs.Req("generate", False, [5, 6, 7], wide)])
+    assert stats.size_limit_drops == drops + 1, stats.violations[-3:]
+    assert stats.size_limit_errors == errors + 1
     print("\n" + stats.report())
     # the slice was not vacuous: masks were checked, against the reference too,
     # and refusals, size-limit errors and aborts all happened

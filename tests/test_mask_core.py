@@ -223,7 +223,7 @@ def test_request_rules():
     assert resolve(top_p=0.9) == (True, None) and resolve(min_p=0.1) == (True, None)
     assert resolve() == (False, None)                           # untruncated
     assert resolve(temperature=0.0, top_k=50) == (False, None)  # greedy
-    assert resolve(top_k=5000) == (True, None)   # never refused unless it asked
+    assert resolve(top_k=5000) == (False, None)  # above the limit: no mask, never refused
     # explicit
     assert resolve(False, top_k=50) == (False, None)
     assert resolve(True) == (True, None)

@@ -236,3 +236,36 @@ def test_a_shutdown_asked_for_logs_no_engine_dead_traceback(caplog):
     assert quiet.exc_info is None and quiet.levelname == "INFO"
     assert quiet.getMessage().startswith("[shutdown] AsyncLLM: output handler stopped")
     assert loud.exc_info is not None and loud.levelname == "ERROR"
+
+
+def test_misplaced_mask_fields_and_generate_sampling_fields_name_the_right_place():
+    """Issue 27, item 3 (plain rules; tests/test_first_hour.py sends them)."""
+    from vllm_sampling_mask.messages import misplaced_field, param_in_message
+
+    declared = {"model", "token_ids", "sampling_params", "stream", "return_sampling_mask",
+                "return_sampling_mask_logprobs", "sampling_mask_format"}
+
+    def found(body, generate=True):
+        return misplaced_field(body, declared=declared, generate=generate)
+
+    for wrong, right in (("return_sampling_masks", "return_sampling_mask"),
+                         ("Return-Sampling-Mask", "return_sampling_mask"),
+                         ("return_sampling_mask_logprob", "return_sampling_mask_logprobs"),
+                         ("sampling_masks_format", "sampling_mask_format")):
+        param, message = found({wrong: True})
+        assert param == right and repr(wrong) in message and "top level" in message
+    param, message = found({"sampling_params": {"return_sampling_mask": True}})
+    assert param == "return_sampling_mask" and "beside sampling_params" in message
+    param, message = found({"top_k": 5})
+    assert param == "sampling_params.top_k" and message.startswith("top_k goes inside")
+    assert found({"top_k": 5}, generate=False) is None     # the OpenAI routes take it
+    param, message = found({"extra_body": {"return_sampling_mask": True}}, generate=False)
+    assert param == "return_sampling_mask" and "extra_body" in message
+    # everything else keeps upstream's handling
+    for body in ({"foo": 1}, {"return_mask": True}, {"sampling_mask": [[1]]},
+                 {"return_token_ids": True}, {"sampling_params": {"extra_args": {
+                     "return_sampling_mask": True}}}, [], "x"):
+        assert found(body) is None, body
+    assert param_in_message("top_k must be 0 (disable), or at least 1, got -2.") == "top_k"
+    assert param_in_message("n must be at least 1, got 0.") == "n"
+    assert param_in_message("something must be done") is None

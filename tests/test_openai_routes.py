@@ -150,18 +150,25 @@ MASK_WIDE_AT_ONCE = dict(temperature=1.5, min_p=0.002, max_tokens=16, seed=0)
 @pytest.mark.parametrize("route", ROUTES)
 def test_a_mask_error_is_a_400_with_its_message_and_the_server_goes_on(
         client, server, route):
-    """min_p alone: some step's support outgrows the engine's limit of 128."""
+    """min_p alone: some step's support outgrows the engine's limit of 128. A request
+    that asked for its mask gets the 400; one that left the switch unset is served,
+    its mask null with the reason (never failed by the mask path)."""
     with pytest.raises(openai.BadRequestError) as e:
-        create(client, route, **MASK_WIDE_AT_ONCE)
+        create(client, route, return_sampling_mask=True, **MASK_WIDE_AT_ONCE)
     assert f"--max-sampling-mask-size {LIMIT}" in str(e.value)
     assert_healthy(server)
+    choice = create(client, route, **MASK_WIDE_AT_ONCE).choices[0]
+    assert choice.sampling_mask is None
+    assert f"--max-sampling-mask-size {LIMIT}" in field(choice, "sampling_mask_reason")
+    with pytest.raises(ValueError, match=f"--max-sampling-mask-size {LIMIT}"):
+        SamplingMask.from_response(choice)
     assert len(create(client, route, temperature=0.8, top_k=20, max_tokens=4
                       ).choices[0].sampling_mask) == 4
 
 
 def test_a_mask_error_mid_stream_is_an_error_event_with_its_message(client, server):
     body = {"model": DEMO_MODEL, "prompt": "def main():\n", "stream": True,
-            "return_token_ids": True, **MASK_TOO_WIDE}
+            "return_token_ids": True, "return_sampling_mask": True, **MASK_TOO_WIDE}
     with requests.post(server + "/v1/completions", json=body, stream=True,
                        timeout=600) as r:
         assert r.status_code == 200
@@ -177,13 +184,28 @@ def test_a_mask_error_mid_stream_is_an_error_event_with_its_message(client, serv
     # the `openai` client raises it, with the message, after the chunks before it
     stream = client.completions.create(
         model=DEMO_MODEL, prompt="def main():\n", stream=True, temperature=1.0,
-        max_tokens=16, seed=0, extra_body={"min_p": 0.005})
+        max_tokens=16, seed=0, extra_body={"min_p": 0.005, "return_sampling_mask": True})
     received = []
     with pytest.raises(openai.APIError, match=f"--max-sampling-mask-size {LIMIT}"):
         for chunk in stream:
             received.append(chunk)
     assert len(received) == len(chunks)
     assert_healthy(server)
+    # the switch unset: the same stream runs to its end; the chunks before the wide
+    # step keep their masks, that chunk and every later one carry null and the reason
+    body.pop("return_sampling_mask")
+    with requests.post(server + "/v1/completions", json=body, stream=True,
+                       timeout=600) as r:
+        assert r.status_code == 200
+        events = [line[len(b"data: "):] for line in r.iter_lines() if line]
+    assert events[-1] == b"[DONE]"
+    served = [c for e in events[:-1] for c in json.loads(e).get("choices", [])]
+    assert all("error" not in json.loads(e) for e in events[:-1])
+    assert served[-1]["finish_reason"] in ("length", "stop"), served[-1]
+    kept = [c for c in served if c.get("sampling_mask") is not None]
+    assert served[:len(kept)] == kept and len(kept) == len(chunks)   # the same prefix
+    assert all(c["sampling_mask"] is None and f"--max-sampling-mask-size {LIMIT}"
+               in c["sampling_mask_reason"] for c in served[len(kept):])
 
 
 def test_from_response_and_pack_masks_feed_the_trainer(client, server):

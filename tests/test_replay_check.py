@@ -126,3 +126,37 @@ def test_a_server_that_is_down_is_a_clear_error(capsys, tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
     assert replay_check.main(["--server", url, "--out", str(tmp_path)]) == 2
     assert f"nothing answers at {url}" in capsys.readouterr().err
+
+
+def test_a_server_without_a_scheme_is_read_as_http(capsys, tmp_path):
+    port = free_port()
+    assert replay_check.main(["--server", f"127.0.0.1:{port}", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"nothing answers at http://127.0.0.1:{port}" in err and "Traceback" not in err
+    assert replay_check.main(["--server", "ftp://127.0.0.1:1", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "give an http(s) URL such as http://localhost:8000" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_the_docs_figures_are_the_recorded_run():
+    """docs/replay_check.md's table and release are those of the run it names, kept
+    as docs/replay_check_demo.json (that run's replay_check.json, beside its PNG)."""
+    docs = os.path.join(os.path.dirname(__file__), os.pardir, "docs")
+    with open(os.path.join(docs, "replay_check_demo.json")) as f:
+        run = json.load(f)
+    with open(os.path.join(docs, "replay_check.md")) as f:
+        page = f.read()
+    assert f"vLLM {run['vllm']}" in page and run["source"] == "in-process"
+    assert (run["prompts"], run["samples"], run["max_tokens"], run["seed"]) == (8, 4, 32, 0)
+    assert [a["label"] for a in run["arms"]] == [
+        replay_check.parse_arm(a).label for a in replay_check.DEFAULT_ARMS]
+    for arm in run["arms"]:
+        s, m, u = arm["support"], arm["masked"], arm["unmasked"]
+        row = (f"| {arm['label']} | {arm['tokens']:,} | {s['support_median']:.3g} / "
+               f"{s['support_p99']:.3g} | {s['singleton_share']:.1%} | "
+               f"{m['mismatch_kl']:.1e} / {m['ratio_mean']:.4f} / {m['ratio_p1']:.3f} / "
+               f"{m['ratio_p99']:.3f} / {m['out_of_band']:.1%} | "
+               f"{u['mismatch_kl']:.1e} / {u['ratio_mean']:.4f} / {u['ratio_p1']:.3f} / "
+               f"{u['ratio_p99']:.3f} / {u['out_of_band']:.1%} |")
+        assert row in page, row

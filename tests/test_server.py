@@ -133,8 +133,10 @@ def test_streamed_chunks_carry_their_tokens_masks_and_join_to_the_full_result(se
 
 
 def test_a_mask_error_is_a_400_or_an_error_event_with_its_message(server):
-    """min_p alone: a step's support outgrows the engine's limit of 128."""
-    body = {"model": DEMO_MODEL, "token_ids": [5, 6, 7],
+    """min_p alone: a step's support outgrows the engine's limit of 128 (a request
+    that asked for its mask; one that did not is served without it:
+    tests/test_first_hour.py)."""
+    body = {"model": DEMO_MODEL, "token_ids": [5, 6, 7], "return_sampling_mask": True,
             "sampling_params": {"temperature": 1.0, "min_p": 0.005, "max_tokens": 16,
                                 "seed": 0}}
     r = requests.post(server + "/inference/v1/generate", json=body, timeout=600)

@@ -57,8 +57,12 @@ def test_vllm_serve_refuses_at_start_up_with_the_fix(logprobs_mode, fix):
     r = subprocess.run([exe, "serve", DEMO_MODEL, "--return-sampling-mask",
                         "--logprobs-mode", logprobs_mode, "--port", "0"],
                        env=_clean_env(), capture_output=True, text=True, timeout=300)
-    assert r.returncode != 0
+    assert r.returncode == 1
     assert fix in r.stderr + r.stdout
+    # one line with the fix, no traceback through vLLM's start-up (issue 27, item 6)
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    (line,) = [l for l in r.stderr.splitlines() if fix in l]
+    assert line.startswith("vllm serve: error: --return-sampling-mask"), line
 
 
 def test_batch_sharded_sampling_is_refused_where_the_release_has_it():

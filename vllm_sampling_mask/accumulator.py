@@ -3,6 +3,11 @@
 Plain module (numpy). Supports arrive a few tokens at a time (one engine-core
 output per step); appending is amortised O(new ids), and any span of tokens is
 returned as a `SamplingMask` without copying the ids.
+
+A request that never asked for its mask (switch null) may lose it at a step the
+mask cannot describe (`stop`): from that token on there is no mask, only the
+reason, and any span reaching past it has none either (`mask` returns None; never
+a partial list). Later tokens are only counted (`skip`).
 """
 
 from __future__ import annotations
@@ -23,14 +28,36 @@ class MaskAccumulator:
         self.with_logprobs = with_logprobs
         self._logprobs = np.empty(256 if with_logprobs else 0, dtype=np.float32)
         self._log_kept = np.empty(64 if with_logprobs else 0, dtype=np.float32)
+        self.reason: str | None = None   # why the mask stopped (None: it did not)
+        self._unmasked = 0               # tokens counted after the stop
 
     def __len__(self) -> int:
-        return self._tokens
+        """Tokens so far, those after a stop included."""
+        return self._tokens + self._unmasked
+
+    @property
+    def stopped_at(self) -> int | None:
+        """The first token without a mask, or None while every token has one."""
+        return None if self.reason is None else self._tokens
+
+    def stop(self, reason: str) -> None:
+        """No mask from the next token on (the first reason is kept)."""
+        if self.reason is None:
+            self.reason = reason
+
+    def skip(self, n: int) -> None:
+        """Count `n` tokens that carry no mask (after `stop`)."""
+        if self.reason is None:
+            raise ValueError("MaskAccumulator.skip: the mask has not stopped")
+        self._unmasked += n
 
     def append(self, ids: np.ndarray, counts: np.ndarray, logprobs: np.ndarray | None = None,
                log_kept: np.ndarray | None = None) -> None:
         """Add the supports of `len(counts)` more tokens (ids concatenated), with
         their support logprobs when the request asked for them."""
+        if self.reason is not None:
+            raise ValueError("MaskAccumulator.append: the mask has stopped ("
+                             f"{self.reason}); count later tokens with skip")
         n, k = len(counts), len(ids)
         start = self._offsets[self._tokens]
         if self.with_logprobs and (logprobs is None or log_kept is None
@@ -54,9 +81,12 @@ class MaskAccumulator:
         self._offsets[self._tokens + 1:self._tokens + n + 1] += start
         self._tokens += n
 
-    def mask(self, first: int = 0, last: int | None = None) -> SamplingMask:
-        """The supports of tokens [first, last) as a SamplingMask."""
-        last = self._tokens if last is None else last
+    def mask(self, first: int = 0, last: int | None = None) -> SamplingMask | None:
+        """The supports of tokens [first, last) as a SamplingMask; None when the
+        span reaches a token past a stop (`reason` says why)."""
+        last = len(self) if last is None else last
+        if self.reason is not None and (last > self._tokens or first >= self._tokens):
+            return None
         offsets = self._offsets[first:last + 1]
         base = offsets[0]
         if not self.with_logprobs:

@@ -93,10 +93,44 @@ def last_log_line(path: str) -> str:
     return text if len(text) <= 100 else text[:97] + "..."
 
 
+class ServerExited(RuntimeError):
+    """`vllm serve` exited before it answered `/health`: the message names its
+    exit code, its log file and the log's last lines (the cause is there)."""
+
+
+def log_tail(path: str | None, lines: int = 12) -> str:
+    """The last `lines` non-blank lines of a log file ('' if unreadable)."""
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 16384))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join([l for l in text.splitlines() if l.strip()][-lines:])
+
+
+def port_problem(port: int, host: str = "127.0.0.1") -> str | None:
+    """Why `vllm serve --port port` cannot listen on `host`, or None if it can."""
+    import socket
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return (f"port {port} is already in use on {host} ({e.strerror}): stop what "
+                    f"listens there, or pick another port with --port")
+    return None
+
+
 def wait_healthy(base: str, proc: subprocess.Popen, timeout: float = 600,
-                 log_path: str | None = None, every: float = 10) -> None:
+                 log_path: str | None = None, every: float = 10,
+                 server_log: str | None = None) -> None:
     """Poll `/health` until it answers 200. With `log_path`, say every `every`
-    seconds how long it has waited and the server log's last line."""
+    seconds how long it has waited and the server log's last line. A server that
+    exits first raises `ServerExited` naming its log (`server_log`, else
+    `log_path`) with the log's last lines."""
+    server_log = server_log or log_path
     started = time.time()
     deadline = started + timeout
     said = started
@@ -106,7 +140,11 @@ def wait_healthy(base: str, proc: subprocess.Popen, timeout: float = 600,
             print(f"  ... {said - started:3.0f} s, waiting for the server: its last log "
                   f"line: {last_log_line(log_path)}", flush=True)
         if proc.poll() is not None:
-            raise RuntimeError(f"vllm serve exited with code {proc.returncode}")
+            where = f"; its log is {server_log}" if server_log else ""
+            tail = log_tail(server_log)
+            raise ServerExited(f"vllm serve exited with code {proc.returncode} before it "
+                               f"answered /health{where}"
+                               + (f"; its last lines:\n{tail}" if tail else ""))
         try:
             with urllib.request.urlopen(base + "/health", timeout=5) as r:
                 if r.status == 200:
@@ -141,7 +179,8 @@ def serving(port: int, log_path: str, extra=(), runner: str | None = None, env=N
                                 env={**server_env(runner), **(env or {})},
                                 stdout=log, stderr=subprocess.STDOUT)
         try:
-            wait_healthy(base, proc, log_path=log_path if progress else None)
+            wait_healthy(base, proc, log_path=log_path if progress else None,
+                         server_log=log_path)
             yield base
         finally:
             proc.terminate()
@@ -157,6 +196,10 @@ def main() -> None:
     ap.add_argument("--prompt", default="def main():\n    ")
     ap.add_argument("--max-tokens", type=int, default=12)
     args = ap.parse_args()
+    problem = port_problem(args.port)
+    if problem is not None:   # before the 30-70 s start-up that would end the same way
+        print(f"demo: error: {problem}", file=sys.stderr)
+        sys.exit(2)
 
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(DEMO_MODEL)
@@ -165,18 +208,32 @@ def main() -> None:
     log_path = os.path.join(tempfile.gettempdir(), f"vllm-sampling-mask-demo-{args.port}.log")
     print("starting:", " ".join(server_command(args.port)), flush=True)
     print(f"(server log: {log_path}; start-up takes 30-70 s on 2 CPU cores)", flush=True)
-    with serving(args.port, log_path, progress=True) as base:
-        sampling = {"temperature": 0.8, "top_k": 20, "top_p": 0.9,
-                    "max_tokens": args.max_tokens, "logprobs": 0, "seed": 0}
-        body = {"model": DEMO_MODEL, "token_ids": prompt_ids, "sampling_params": sampling}
-        print(f"server ready; POST /inference/v1/generate with sampling_params "
-              f"{json.dumps(sampling)}", flush=True)
-        status, resp = post_json(base + "/inference/v1/generate", body)
-        print("stopping the server", flush=True)
+    try:
+        with serving(args.port, log_path, progress=True) as base:
+            status, resp = generate(base, prompt_ids, args.max_tokens)
+    except ServerExited as e:
+        print(f"demo: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    show(tok, args.prompt, status, resp)
+
+
+def generate(base: str, prompt_ids, max_tokens: int) -> tuple[int, dict]:
+    """The demo's request to the running server: (HTTP status, JSON answer)."""
+    sampling = {"temperature": 0.8, "top_k": 20, "top_p": 0.9,
+                "max_tokens": max_tokens, "logprobs": 0, "seed": 0}
+    body = {"model": DEMO_MODEL, "token_ids": prompt_ids, "sampling_params": sampling}
+    print(f"server ready; POST /inference/v1/generate with sampling_params "
+          f"{json.dumps(sampling)}", flush=True)
+    status, resp = post_json(base + "/inference/v1/generate", body)
+    print("stopping the server", flush=True)
+    return status, resp
+
+
+def show(tok, prompt: str, status: int, resp: dict) -> None:
     if status != 200:
         raise RuntimeError(f"HTTP {status}: {resp}")
     choice = resp["choices"][0]
-    print(f"\nprompt: {args.prompt!r}")
+    print(f"\nprompt: {prompt!r}")
     print(f"completion: {tok.decode(choice['token_ids'])!r}\n")
     logprobs = choice["logprobs"]["content"] if choice.get("logprobs") else None
     for t, (token, mask) in enumerate(zip(choice["token_ids"], choice["sampling_mask"])):

@@ -9,14 +9,18 @@ spelled it (`return_sampling_mask`, `sampling_params.top_k`, `messages[0].conten
     return_sampling_mask must be true, false or null, not 'yes'.
 
 The `validation_messages` patch uses it for the HTTP routes' 400s;
-`refusal_line` is the one log line a refused request leaves.
+`refusal_line` is the one log line a refused request leaves; `misplaced_field`
+finds a mask field misspelled by a near miss or put where the route does not read
+it (and, on `/inference/v1/generate`, a sampling parameter outside
+`sampling_params`), which the routes would otherwise silently ignore.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 # Location segments pydantic adds that are no field a client wrote: validator
 # wrappers (`function-wrap[...]`), union branches (`str`, `list[int]`,
@@ -303,3 +307,99 @@ def refusal_line(exc: BaseException, where: str = "") -> str:
     text = " ".join(str(exc).split())
     named = f" ({parameter})" if parameter else ""
     return f"Request refused{' in ' + where if where else ''}: {type(exc).__name__}{named}: {text}"
+
+
+# The mask's own body fields (top level on all three routes).
+MASK_FIELDS = ("return_sampling_mask", "return_sampling_mask_logprobs",
+               "sampling_mask_format")
+# Sampling parameters a client may put at the top level of /inference/v1/generate,
+# where that route reads none of them (they belong in `sampling_params`).
+GENERATE_SAMPLING_FIELDS = (
+    "temperature", "top_k", "top_p", "min_p", "max_tokens", "min_tokens", "seed", "n",
+    "stop", "stop_token_ids", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "logprobs", "prompt_logprobs", "ignore_eos", "logit_bias",
+    "allowed_token_ids", "bad_words", "skip_special_tokens",
+    "include_stop_str_in_output", "structured_outputs")
+
+
+class MisplacedFieldError(ValueError):
+    """A body field the route would silently ignore, where the client meant a known
+    one: `parameter` is the right field as the route reads it."""
+
+    def __init__(self, parameter: str, message: str) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+
+
+def _near_mask_field(key: str) -> str | None:
+    """The mask field `key` misspells (case, `-`, a letter or two), or None."""
+    plain = key.lower().replace("-", "_")
+    best, score = None, 0.0
+    for field in MASK_FIELDS:
+        ratio = 1.0 if plain == field else difflib.SequenceMatcher(None, plain, field).ratio()
+        if ratio > score:
+            best, score = field, ratio
+    return best if score >= 0.9 or (score >= 0.8 and "mask" in plain) else None
+
+
+def misplaced_field(body, *, declared: Collection[str], generate: bool
+                    ) -> tuple[str, str] | None:
+    """(the right parameter, message) for a body field the route would ignore
+    though the client plainly meant a mask field (a near miss of its name, the
+    mask field inside `sampling_params` on generate or inside `extra_body`), or,
+    on `/inference/v1/generate` (`generate`), a sampling parameter at the top
+    level; None otherwise (other unknown fields keep upstream's handling).
+    `declared`: the route's own top-level fields."""
+    if not isinstance(body, dict):
+        return None
+    for key in body:
+        if not isinstance(key, str) or key in declared:
+            continue
+        field = _near_mask_field(key)
+        if field is not None:
+            return field, (f"{field} is the field's name, not {key!r} (a name this route "
+                           f"does not read, so it would be ignored): send {field} at the "
+                           "top level of the body.")
+        if generate and key in GENERATE_SAMPLING_FIELDS:
+            return f"sampling_params.{key}", (
+                f"{key} goes inside sampling_params on /inference/v1/generate (at the "
+                f"top level it would be ignored): send it as sampling_params.{key}.")
+    inner = body.get("sampling_params") if generate else None
+    for key in inner if isinstance(inner, dict) else ():
+        field = _near_mask_field(key) if isinstance(key, str) else None
+        if field is not None:
+            return field, (f"{field} goes at the top level of the body, beside "
+                           f"sampling_params (inside it, {key!r} would be ignored): move it "
+                           "there.")
+    extra = body.get("extra_body") if "extra_body" not in declared else None
+    for key in extra if isinstance(extra, dict) else ():
+        field = _near_mask_field(key) if isinstance(key, str) else None
+        if field is not None:
+            return field, (f"{field} goes at the top level of the body: extra_body is the "
+                           "openai client's argument, not a body field (inside it, "
+                           f"{key!r} would be ignored).")
+    return None
+
+
+def refuse_misplaced_fields(cls, data, *, generate: bool):
+    """A request model's before-validator: raise `MisplacedFieldError` (a 400 naming
+    the right field, through the `validation_messages` handler) for what
+    `misplaced_field` finds; return `data` unchanged otherwise."""
+    found = misplaced_field(data, declared=set(cls.model_fields), generate=generate)
+    if found is not None:
+        raise MisplacedFieldError(*found)
+    return data
+
+
+# The sampling parameters whose upstream refusals ("top_k must be 0 (disable), or at
+# least 1, got -2.") carry no parameter name.
+_NAMED_IN_MESSAGE = re.compile(r"^([a-z_]+) (?:must|cannot|should) ")
+SAMPLING_PARAMS = frozenset((*GENERATE_SAMPLING_FIELDS, "max_tokens", "n", "best_of",
+                             "top_logprobs", "truncate_prompt_tokens"))
+
+
+def param_in_message(message: str) -> str | None:
+    """The sampling parameter an upstream refusal's message starts with ("min_p must
+    be in [0, 1], got 2.0." -> min_p), or None."""
+    found = _NAMED_IN_MESSAGE.match(message or "")
+    return found.group(1) if found and found.group(1) in SAMPLING_PARAMS else None

@@ -186,6 +186,11 @@ def _call(method: str, url: str, **kwargs):
     import requests
     try:
         r = requests.request(method, url, timeout=600, **kwargs)
+    except (requests.exceptions.InvalidSchema, requests.exceptions.MissingSchema,
+            requests.exceptions.InvalidURL) as e:
+        raise ReplayCheckError(
+            f"--server: {url} is not an http(s) URL ({type(e).__name__}): give one "
+            "like http://localhost:8000") from None
     except requests.ConnectionError:
         raise ReplayCheckError(
             f"--server: nothing answers at {url}. Start one with `vllm serve MODEL "
@@ -439,7 +444,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.samples < 1 or args.max_tokens < 1:
         ap.error("--samples and --max-tokens must be at least 1")
+    if args.server:
+        args.server = server_url(args.server)
     return args
+
+
+def server_url(text: str) -> str:
+    """`--server` as an http(s) base URL: `localhost:8000` (no scheme) means
+    `http://localhost:8000`; another scheme is an error naming the fix."""
+    text = text.strip().rstrip("/")
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return "http://" + text
+    if scheme.lower() not in ("http", "https") or not rest:
+        raise ReplayCheckError(f"--server {text!r}: give an http(s) URL such as "
+                               "http://localhost:8000 (or host:port, read as http)")
+    return text
+
+
+def vllm_release(server: str | None) -> str | None:
+    """The vLLM release the engine ran: the server's `GET /version`, or the one
+    installed here for the in-process engine (None if the server does not say)."""
+    if server is None:
+        import vllm
+        return vllm.__version__
+    try:
+        return _call("GET", server + "/version").get("version")
+    except ReplayCheckError:
+        return None
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -496,7 +528,7 @@ def run(args: argparse.Namespace) -> dict:
     plot(reports, png, f"{os.path.basename(model.rstrip('/'))}: importance ratio "
                        "pi_trainer / pi_engine, float32 trainer")
     report = {
-        "model": model, "source": source,
+        "model": model, "source": source, "vllm": vllm_release(args.server),
         "engine_dtype": engine_dtype, "trainer_dtype": "float32",
         "dtype_note": note,
         "float32_expected": None if note is None else {"masked": FLOAT32_MASKED}, "prompts": len(prompts), "samples": args.samples,

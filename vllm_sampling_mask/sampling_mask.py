@@ -125,8 +125,10 @@ class SamplingMask:
         inside the packed object) gives a mask with `logprobs` and `log_kept`.
 
         Raises ValueError when the choice has no mask (`sampling_mask: null`:
-        the request was served without one; no field: a server without this
-        overlay) or when a mask and its `token_ids` differ in length.
+        the request was served without one, or, with `sampling_mask_reason`, lost
+        it at a step and the message gives that reason; no field: a server without
+        this overlay) or when a mask and its `token_ids` differ in length: never a
+        partial mask.
         """
         if isinstance(response, (list, tuple)):
             parts = [_plain(item) for item in response]
@@ -156,6 +158,10 @@ class SamplingMask:
                     f"SamplingMask.from_response: choice {index} (part {k}) has no "
                     "'sampling_mask' field: the server does not run vllm_sampling_mask")
             lists = choice["sampling_mask"]
+            if lists is None and choice.get("sampling_mask_reason"):
+                raise ValueError(
+                    f"SamplingMask.from_response: choice {index} (part {k}) has "
+                    f"sampling_mask null: {choice['sampling_mask_reason']}")
             if lists is None:
                 raise ValueError(
                     f"SamplingMask.from_response: choice {index} (part {k}) has "

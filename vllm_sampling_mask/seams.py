@@ -421,6 +421,7 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _f(SCHED, "Scheduler.update_from_output", "self", "scheduler_output",
            "model_runner_output"),
         _f(SCHED, "Scheduler.finish_requests", "self", "request_ids", "finished_status"),
+        _s(SCHED, "Scheduler.__init__", "self.requests:"),   # a dropped mask's request
         _n(SCHED, "EngineCoreOutput"),
         _n("vllm.v1.engine", "FinishReason.ERROR"),
         _n("vllm.v1.request", "RequestStatus.FINISHED_ERROR"),

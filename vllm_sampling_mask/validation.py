@@ -29,11 +29,29 @@ MASK_ARG = "return_sampling_mask"
 # The key in `extra_args` for the support logprobs (per token, the processed logprob
 # of every id of the support, and log S): the request's ask, then the decision.
 LOGPROBS_ARG = "return_sampling_mask_logprobs"
+# The key in `extra_args` the input processor sets to True beside a mask decided by
+# default (the request's switch was null): such a request is never failed by the mask
+# path; a step its mask cannot describe drops the mask from that token on instead
+# (`sampling_mask_reason`), and the request goes on.
+OPTIONAL_ARG = "sampling_mask_optional"
 
 
 def wants_mask(sampling_params) -> bool:
     """The decision the input processor wrote on the request's parameters."""
     return (sampling_params.extra_args or {}).get(MASK_ARG) is True
+
+
+def mask_is_optional(sampling_params) -> bool:
+    """Whether the request's mask was decided by default (switch null), so that a
+    step the mask cannot describe drops the mask instead of ending the request."""
+    return (sampling_params.extra_args or {}).get(OPTIONAL_ARG) is True
+
+
+def dropped_reason(problem: str) -> str:
+    """The `sampling_mask_reason` of a request whose mask was dropped at a step."""
+    return (f"sampling mask dropped from this token on: {problem} (the request left "
+            "return_sampling_mask unset, so it was served on without a mask; send "
+            "return_sampling_mask=true to have such a request refused or ended instead)")
 
 
 def wants_support_logprobs(sampling_params) -> bool:
@@ -127,7 +145,9 @@ def resolve_request(*, engine_on: bool, requested, temperature: float, top_k: in
     lets a support grow past --max-sampling-mask-size (max_size < top_k <
     vocab_size); with no top-k on a vocabulary wider than the limit, a step
     whose support is wider than the limit ends its request
-    (`sampling_mask_error`), as it does for top_k=0.
+    (`sampling_mask_error`), as it does for top_k=0. With `requested` None (the
+    request never mentioned masks) such a top_k is no refusal: the request is
+    served without a mask.
     """
     top_k = effective_top_k(top_k, vocab_size)
     if requested is not None and not isinstance(requested, bool):
@@ -143,7 +163,8 @@ def resolve_request(*, engine_on: bool, requested, temperature: float, top_k: in
         return False, None
     if requested is None:
         truncated = temperature > 0 and (top_k > 0 or top_p < 1 or min_p > 0)
-        return truncated, None
+        # a top_k above the limit is known up front to outgrow it: no mask, no refusal
+        return truncated and top_k <= max_size, None
     if not temperature > 0:
         return False, ("temperature",
                        f"temperature={temperature} is greedy, which has no truncated "

@@ -14,6 +14,10 @@ Per output, for its `new_token_ids` (one token per step without speculation):
                           id's processed logprob (requests that asked for
                           `return_sampling_mask_logprobs`; else None)
     sampling_mask_log_kept  float32 [len(new_token_ids)], log S per token
+    sampling_mask_reason  why this output's tokens, and every later one of the
+                          request, carry no mask: a request that never asked for
+                          one (switch null) whose step the mask could not describe
+                          (its tokens are kept; the output processor stops the mask)
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ class MaskedEngineCoreOutput(EngineCoreOutput):
     sampling_mask_error: str | None = None
     sampling_mask_logprobs: np.ndarray | None = None
     sampling_mask_log_kept: np.ndarray | None = None
+    sampling_mask_reason: str | None = None
 
 
 class MaskedEngineCoreOutputs(EngineCoreOutputs):

@@ -19,10 +19,16 @@
   each chunk choice upstream emits, the supports of exactly that chunk's tokens;
 - `open_stream`: a stream whose first event is an error (the input processor
   refused the request) is answered with that HTTP error instead of a 200;
+- `answered`: a request the route refuses without streaming (an error response
+  with a 4xx code) logs one line, as a refused stream does (`refusal_log`), and an
+  upstream refusal without `param` whose message starts with a sampling
+  parameter's name ("top_k must be ...") gets that name as its `param`
+  (`sampling_params.top_k` on generate);
 - `body_is_an_object`: the OpenAI request subclasses answer a body that is no
   JSON object (`[]`) with a 400, where upstream's validators raised an
   AttributeError (HTTP 500). Remove when upstream's before-validators check
-  `isinstance(data, dict)` first.
+  `isinstance(data, dict)` first. `checked_body` adds the misspelled or misplaced
+  mask fields (`messages.misplaced_field`), which the routes would ignore.
 """
 
 from __future__ import annotations
@@ -67,6 +73,9 @@ def logprobs_field():
 # The response choice fields of the support logprobs (lists format).
 LogprobsField = list[list[float]] | None
 LogKeptField = list[float] | None
+# The response choice field that says why `sampling_mask` is null from some token on
+# (a request that never asked for a mask, which the mask path never fails).
+ReasonField = str | None
 
 
 # The request body field `sampling_mask_format` (top level, like the one above).
@@ -106,6 +115,17 @@ def body_is_an_object(cls, data):
     return data
 
 
+def checked_body(cls, data):
+    """The OpenAI request subclasses' before-validator: a body that is a JSON object
+    (`body_is_an_object`) whose mask fields are spelled and placed as the route
+    reads them (`messages.refuse_misplaced_fields`: a near miss such as
+    `return_sampling_masks`, or the field inside a raw `extra_body`, is a 400 naming
+    the right field; other unknown fields keep upstream's handling)."""
+    from vllm_sampling_mask.messages import refuse_misplaced_fields
+
+    return refuse_misplaced_fields(cls, body_is_an_object(cls, data), generate=False)
+
+
 def declare_openai_fields(module, request: str, choice: str, response: str) -> None:
     """In an OpenAI protocol module, replace the request class `request` with a
     subclass declaring the body field (forwarded by its `to_sampling_params`),
@@ -120,14 +140,15 @@ def declare_openai_fields(module, request: str, choice: str, response: str) -> N
                     MASK_ARG: body_field(), FORMAT_ARG: format_field(),
                     LOGPROBS_ARG: logprobs_field(),
                     "_body_is_an_object": model_validator(mode="before")(
-                        classmethod(body_is_an_object)),
+                        classmethod(checked_body)),
                     "__module__": module.__name__})
     Choice = type(choice, (getattr(module, choice),),
                   {"__annotations__": {"sampling_mask": MaskField,
                                        "sampling_mask_logprobs": LogprobsField,
-                                       "sampling_mask_log_kept": LogKeptField},
+                                       "sampling_mask_log_kept": LogKeptField,
+                                       "sampling_mask_reason": ReasonField},
                    "sampling_mask": None, "sampling_mask_logprobs": None,
-                   "sampling_mask_log_kept": None,
+                   "sampling_mask_log_kept": None, "sampling_mask_reason": None,
                    "__module__": module.__name__})
     Response = type(response, (getattr(module, response),),
                     {"__annotations__": {"choices": list[Choice]},
@@ -151,7 +172,8 @@ async def create_with_masks(serving, wrapped, args, kwargs, error_response: type
 
     request = argument(wrapped, args, kwargs, "request")
     try:
-        result = await wrapped(*args, **kwargs)
+        result = answered(await refusing(wrapped(*args, **kwargs), wrapped.__name__),
+                          wrapped.__name__, error_response)
     except SamplingMaskGenerationError as exc:
         return serving.create_error_response(exc)
     if isinstance(result, AsyncIterator) and (
@@ -186,6 +208,8 @@ def set_choice_mask(choice, completion, packed: bool) -> None:
     """Fill a response choice from its final `CompletionOutput`: `sampling_mask`,
     and in lists format the support logprobs beside it (when asked for)."""
     choice.sampling_mask = mask_lists(completion, packed)
+    if completion.sampling_mask_reason is not None:
+        choice.sampling_mask_reason = completion.sampling_mask_reason
     mask = completion.sampling_mask
     if not packed and mask is not None and mask.logprobs is not None:
         choice.sampling_mask_logprobs = mask.logprob_lists()
@@ -243,7 +267,8 @@ class StreamMasks:
     supports of the tokens of the output upstream is building that chunk from
     (the chunk's own `token_ids`), with those of any earlier output upstream
     gave no chunk; `[]` for a chunk built from no output (the chat role chunk);
-    null for a request without a mask.
+    null for a request without a mask; null with `sampling_mask_reason` from the
+    chunk that holds the token where a request that never asked lost its mask on.
     """
 
     def __init__(self, choice_index: Callable[[int, object], int] | None = None,
@@ -253,6 +278,7 @@ class StreamMasks:
         self._choice_index = choice_index or (lambda _prompt, completion: completion.index)
         self._indexed = indexed  # results are (prompt index, RequestOutput) pairs
         self._pending: dict[int, list[SamplingMask]] = {}
+        self._reasons: dict[int, str] = {}   # choice index -> why its mask stopped
         self._masked = False
         self._packed = packed    # `sampling_mask_format: "packed"`
         self._logprobs = logprobs  # `return_sampling_mask_logprobs: true`
@@ -270,7 +296,10 @@ class StreamMasks:
             await results.aclose()
 
     def _reach(self, prompt: int, completion) -> None:
-        if completion.sampling_mask is not None:
+        if completion.sampling_mask_reason is not None:
+            self._reasons.setdefault(self._choice_index(prompt, completion),
+                                     completion.sampling_mask_reason)
+        elif completion.sampling_mask is not None:
             self._pending.setdefault(self._choice_index(prompt, completion),
                                      []).append(completion.sampling_mask)
 
@@ -287,6 +316,10 @@ class StreamMasks:
             return event  # [DONE], an error event, the usage chunk
         for choice in chunk["choices"]:
             parts = self._pending.pop(choice["index"], [])
+            if choice["index"] in self._reasons:   # this token on: no mask, and why
+                choice["sampling_mask"] = None
+                choice["sampling_mask_reason"] = self._reasons[choice["index"]]
+                continue
             if not self._masked:
                 choice["sampling_mask"] = None
                 continue
@@ -323,8 +356,78 @@ def _event_json(event: str) -> dict | None:
 
 
 def error_response_class(release: Release) -> type:
-    """The release's `ErrorResponse` (its module moved in 0.32)."""
+    """The release's `ErrorResponse` (its module moved in 0.29)."""
     return importlib.import_module(release.module("error_response")).ErrorResponse
+
+
+async def refusing(call, where: str, prefix: str = ""):
+    """Await a route's call; a client error it raises (vLLM 0.32 raises refusals to
+    the app's exception handlers, 0.27.1 returns them: `answered`) gets its
+    `parameter` filled from its message where upstream left it None
+    (`messages.param_in_message`, with `prefix`) and logs one line
+    (`messages.refusal_line`), then propagates unchanged otherwise."""
+    import logging
+
+    from vllm.exceptions import VLLMClientError
+
+    from vllm_sampling_mask.messages import param_in_message, refusal_line
+
+    try:
+        return await call
+    except VLLMClientError as exc:
+        if isinstance(exc, SamplingMaskGenerationError):
+            raise
+        if getattr(exc, "parameter", "") is None and (named := param_in_message(
+                str(exc.args[0]) if exc.args else "")):
+            exc.parameter = prefix + named
+        logging.getLogger("vllm.sampling_mask").info("%s", refusal_line(exc, where))
+        raise
+
+
+def naming_sampling_refusals(cls, data, handler):
+    """A wrap-validator for `/inference/v1/generate`'s body: upstream's own refusal of
+    a sampling parameter, raised while pydantic builds `sampling_params` ("top_k must
+    be 0 (disable), or at least 1, got -2.", no parameter), names
+    `sampling_params.<name>` (`messages.param_in_message`)."""
+    from vllm.exceptions import VLLMClientError
+
+    from vllm_sampling_mask.messages import param_in_message
+
+    try:
+        return handler(data)
+    except VLLMClientError as exc:
+        if getattr(exc, "parameter", "") is None and (named := param_in_message(
+                str(exc.args[0]) if exc.args else "")):
+            exc.parameter = "sampling_params." + named
+        import logging
+
+        from vllm_sampling_mask.messages import refusal_line
+        logging.getLogger("vllm.sampling_mask").info(
+            "%s", refusal_line(exc, "/inference/v1/generate's body"))
+        raise
+
+
+def answered(result, where: str, ErrorResponse: type, prefix: str = ""):
+    """A route's own answer, returned as it is; when it is a refusal (an error
+    response with a 4xx code), its `param` filled from its message where upstream
+    left it null (`messages.param_in_message`, with `prefix`: `sampling_params.` on
+    generate), and one log line saying so, as `refusal_log` words a refused stream."""
+    import logging
+
+    from vllm_sampling_mask.messages import param_in_message
+
+    if not isinstance(result, ErrorResponse):
+        return result
+    error = result.error
+    if not 400 <= int(error.code) < 500:
+        return result
+    if error.param is None and (named := param_in_message(error.message)):
+        error.param = prefix + named
+    named = f" ({error.param})" if error.param else ""
+    logging.getLogger("vllm.sampling_mask").info(
+        "Request refused in %s: %s%s: %s", where, error.type, named,
+        " ".join(str(error.message).split()))
+    return result
 
 
 async def open_stream(events: AsyncIterator[str], ErrorResponse: type):

@@ -1,9 +1,12 @@
-"""`CompletionOutput.sampling_mask` (and `sampling_mask_error`), merged on aggregation.
+"""`CompletionOutput.sampling_mask` (`sampling_mask_error`, `sampling_mask_reason`),
+merged on aggregation.
 
 What: in `vllm/outputs.py`, adds the dataclass fields
     `sampling_mask: SamplingMask | None = None` (0.27.1; vLLM 0.32 declares it)
     and `sampling_mask_error: str | None = None` (why the mask path ended this
-    completion; its finish_reason is then "error") to `CompletionOutput`,
+    completion; its finish_reason is then "error") and `sampling_mask_reason:
+    str | None = None` (why a completion of a request that never asked for a
+    mask carries none from some token on; it finished normally) to `CompletionOutput`,
     exports the overlay's `SamplingMask` as `vllm.outputs.SamplingMask` (on
     0.32 in place of upstream's one-field dataclass: ours takes its
     constructor, `SamplingMask(token_ids)` / `SamplingMask(token_ids=...)`,
@@ -28,6 +31,7 @@ from vllm_sampling_mask.sampling_mask import SamplingMask
 def apply(module, release: Release) -> None:
     add_field(module.CompletionOutput, "sampling_mask", SamplingMask | None, None)
     add_field(module.CompletionOutput, "sampling_mask_error", str | None, None)
+    add_field(module.CompletionOutput, "sampling_mask_reason", str | None, None)
     module.SamplingMask = SamplingMask
 
     @wraps(module, "RequestOutput.add")
@@ -44,5 +48,10 @@ def apply(module, release: Release) -> None:
             completion, old = merged[nxt.index], before.get(nxt.index)
             if nxt.sampling_mask_error is not None:
                 completion.sampling_mask_error = nxt.sampling_mask_error
-            if old is not None and nxt.sampling_mask is not None:
+            if nxt.sampling_mask_reason is not None or completion.sampling_mask_reason:
+                # the mask stopped in one of the joined outputs: none for the whole
+                completion.sampling_mask_reason = (completion.sampling_mask_reason
+                                                   or nxt.sampling_mask_reason)
+                completion.sampling_mask = None
+            elif old is not None and nxt.sampling_mask is not None:
                 completion.sampling_mask = SamplingMask.concat([old, nxt.sampling_mask])

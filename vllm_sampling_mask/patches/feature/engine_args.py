@@ -13,7 +13,8 @@ What: adds the dataclass fields `return_sampling_mask: bool = False` (0.27.1;
     `release.upstream_mask`); and, in
     `create_engine_config`, refuses configurations the mask cannot be exact
     under (`validation.startup_errors`), with one ValueError listing each
-    reason and its fix.
+    reason and its fix (in the `vllm` command, where nothing catches it, the
+    process ends with that one line, `vllm serve: error: ...`, exit code 1).
 Why: `LLM.__init__` passes unknown keywords straight into `EngineArgs`, which
     fails before any vLLM plugin loads, and `ModelConfig` forbids unknown
     constructor arguments; `create_engine_config` is the one point both `LLM`
@@ -103,10 +104,9 @@ def apply(module, release: Release) -> None:
             # What the arguments already say is checked first, so these errors
             # come before any upstream complaint about the same settings.
             if self.max_sampling_mask_size < 1:
-                raise ValueError(
-                    f"--max-sampling-mask-size must be at least 1 (got "
-                    f"{self.max_sampling_mask_size}): it is the widest support, in "
-                    "ids, a step may return.")
+                _raise([f"--max-sampling-mask-size must be at least 1 (got "
+                        f"{self.max_sampling_mask_size}): it is the widest support, in "
+                        "ids, a step may return."])
             _raise(startup_errors(
                 logprobs_mode=self.logprobs_mode,
                 use_v2_model_runner=envs.VLLM_USE_V2_MODEL_RUNNER is True,
@@ -134,4 +134,28 @@ def apply(module, release: Release) -> None:
 
 def _raise(errors: list[str]) -> None:
     if errors:
-        raise ValueError(" ".join(errors))
+        error = ValueError(" ".join(errors))
+        _one_line_if_uncaught(error)
+        raise error
+
+
+def _one_line_if_uncaught(error: BaseException) -> None:
+    """In the `vllm` command (`vllm serve ...`), a start-up error that nothing
+    catches ends the process with one line, `vllm serve: error: <message>`, and exit
+    code 1, not a traceback through vLLM's start-up; `LLM(...)` and every other
+    program get the ValueError as it is."""
+    import os
+    import sys
+
+    if os.path.basename(sys.argv[0] or "") != "vllm":
+        return
+    previous = sys.excepthook
+    command = " ".join(["vllm", *sys.argv[1:2]])
+
+    def hook(kind, value, tb):
+        if value is error:
+            print(f"{command}: error: {value}", file=sys.stderr, flush=True)
+        else:
+            previous(kind, value, tb)
+
+    sys.excepthook = hook

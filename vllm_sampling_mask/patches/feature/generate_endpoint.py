@@ -8,7 +8,8 @@ What: in `vllm/entrypoints/scale_out/token_in_token_out/serving.py`, wraps
     every choice: upstream's cumulative outputs keep only the children that
     finished in the last step, a 200 with fewer than n choices), and, with the
     flag on, to start a stream only once its first event is not an error (a
-    request the input processor refuses is an HTTP 400, streamed or not);
+    request the input processor refuses is an HTTP 400, streamed or not; a
+    refusal logs one line, `_http.answered`);
     `serve_tokens_full_generator` to fill each choice's `sampling_mask` from
     its final `CompletionOutput`; `serve_tokens_stream_generator` to give each
     chunk the supports of exactly its tokens (`_http.StreamMasks`, flag on),
@@ -42,10 +43,10 @@ from collections.abc import AsyncGenerator
 
 from vllm_sampling_mask.config import serving_mask_enabled
 from vllm_sampling_mask.errors import SamplingMaskGenerationError
-from vllm_sampling_mask.patches._http import (StreamMasks, asks_logprobs, forward_body_field,
-                                              error_response_class, full_response_with_masks,
-                                              open_stream,
-                                              packed_format)
+from vllm_sampling_mask.patches._http import (StreamMasks, answered, asks_logprobs,
+                                              error_response_class, forward_body_field,
+                                              full_response_with_masks, open_stream,
+                                              packed_format, refusing)
 from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps
 from vllm_sampling_mask.releases import Release
 
@@ -68,7 +69,9 @@ def apply(module, release: Release) -> None:
                                           and request.sampling_params.n > 1)):
             # One final output holding every child of n > 1.
             request.sampling_params.output_kind = RequestOutputKind.FINAL_ONLY
-        result = await wrapped(*args, **kwargs)
+        result = answered(await refusing(wrapped(*args, **kwargs), "serve_tokens",
+                                         "sampling_params."),
+                          "serve_tokens", error_response, "sampling_params.")
         if isinstance(result, AsyncGenerator) and (
                 on or request.return_sampling_mask is not None
                 or request.return_sampling_mask_logprobs is not None):

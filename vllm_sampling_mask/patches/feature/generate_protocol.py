@@ -5,7 +5,11 @@ What: in `vllm/entrypoints/scale_out/token_in_token_out/protocol.py`, replaces
     `GenerateRequest` with a subclass that declares the top-level body field
     `return_sampling_mask: bool | None` (strict: "yes" is a 400 naming it;
     upstream's model ignores unknown fields) and `sampling_mask_format:
-    "lists" | "packed" | None` (any other value a 400 naming it), and each
+    "lists" | "packed" | None` (any other value a 400 naming it), a
+    before-validator that answers a misspelled mask field, one inside
+    `sampling_params`, or a sampling parameter at the top level (`top_k`) with a
+    400 naming the right field and place (`messages.misplaced_field`; upstream
+    ignores them silently), and each
     choice class with its response class (`release.generate_choices`) with
     subclasses that declare `sampling_mask: list[list[int]] | <packed object> |
     None` and the support-logprob fields (the response class too: pydantic
@@ -22,9 +26,13 @@ Remove when: upstream declares a per-request switch, the packed format and the
 
 from __future__ import annotations
 
+from pydantic import model_validator
+
+from vllm_sampling_mask.messages import refuse_misplaced_fields
 from vllm_sampling_mask.patches._http import (BodyField, FormatField, LogKeptField,
-                                              LogprobsField, MaskField, body_field,
-                                              format_field, logprobs_field)
+                                              LogprobsField, MaskField, ReasonField,
+                                              body_field, format_field, logprobs_field,
+                                              naming_sampling_refusals)
 from vllm_sampling_mask.releases import Release
 
 
@@ -34,14 +42,23 @@ def apply(module, release: Release) -> None:
         sampling_mask_format: FormatField = format_field()
         return_sampling_mask_logprobs: BodyField = logprobs_field()
 
+        # a misspelled mask field, one inside sampling_params, or a top-level top_k:
+        # a 400 naming the right field and place, not silently ignored
+        _misplaced = model_validator(mode="before")(classmethod(
+            lambda cls, data: refuse_misplaced_fields(cls, data, generate=True)))
+        # upstream's own sampling refusals ("top_k must be ...") name sampling_params.top_k
+        _named = model_validator(mode="wrap")(classmethod(naming_sampling_refusals))
+
     module.GenerateRequest = GenerateRequest
     for response, choice in release.generate_choices.items():
         Choice = type(choice, (getattr(module, choice),), {
             "__annotations__": {"sampling_mask": MaskField,
                                 "sampling_mask_logprobs": LogprobsField,
-                                "sampling_mask_log_kept": LogKeptField},
+                                "sampling_mask_log_kept": LogKeptField,
+                                "sampling_mask_reason": ReasonField},
             "sampling_mask": None, "sampling_mask_logprobs": None,
-            "sampling_mask_log_kept": None, "__module__": module.__name__})
+            "sampling_mask_log_kept": None, "sampling_mask_reason": None,
+            "__module__": module.__name__})
         Response = type(response, (getattr(module, response),), {
             "__annotations__": {"choices": list[Choice]}, "__module__": module.__name__})
         setattr(module, choice, Choice)

@@ -12,7 +12,10 @@ What: in `vllm/v1/engine/output_processor.py`, declares
     and `RequestState._new_completion_output` to set `sampling_mask` and
     `sampling_mask_error` on the `CompletionOutput` it builds: all tokens so
     far for cumulative and final outputs, the new tokens only for DELTA,
-    always the same tokens as `token_ids`.
+    always the same tokens as `token_ids`. An engine-core output carrying
+    `sampling_mask_reason` (a request that never asked, whose mask the scheduler
+    dropped) stops the accumulator: every `CompletionOutput` reaching that token
+    or a later one has `sampling_mask=None` and `sampling_mask_reason`.
 Why: the output processor is where per-step outputs become per-request
     results (n > 1 children each have their own request state).
 Remove when: upstream carries the mask to `CompletionOutput` (vLLM #49577).
@@ -50,8 +53,12 @@ def apply(module, release: Release) -> None:
             state = self.request_states.get(out.request_id)
             if state is None or state.sampling_masks is None:
                 continue
+            if out.sampling_mask_reason is not None:
+                state.sampling_masks.stop(out.sampling_mask_reason)
             if out.sampling_mask_error is not None:
                 state.sampling_mask_error = out.sampling_mask_error
+            elif state.sampling_masks.reason is not None:
+                state.sampling_masks.skip(len(out.new_token_ids))
             elif out.new_token_ids:
                 if out.sampling_mask_ids is None:
                     raise MissingSamplingMaskError(
@@ -81,6 +88,8 @@ def apply(module, release: Release) -> None:
                        else (0, n))
         if 0 <= first and last <= have:
             output.sampling_mask = acc.mask(first, last)
+            if output.sampling_mask is None:   # the mask stopped at or before `last`
+                output.sampling_mask_reason = acc.reason
         else:  # a bug, reported on this request alone
             output.sampling_mask_error = (
                 f"sampling mask: internal error: {have} supports for {last} tokens")

@@ -15,7 +15,11 @@ What: wraps `InputProcessor._validate_params` and `InputProcessor.process_inputs
     the support-logprobs decision (`validation.wants_support_logprobs`): a bool
     (else a 400 naming it), refused on an engine without the flag and beside
     `return_sampling_mask=false`; true implies the mask (a null
-    `return_sampling_mask` becomes true).
+    `return_sampling_mask` becomes true). A mask decided by default (the
+    switch null) also gets `extra_args["sampling_mask_optional"] = True`: the
+    mask path never fails such a request (a null switch with a top_k above the
+    limit is served without a mask; the scheduler drops the mask of a later
+    step it cannot describe, `validation.mask_is_optional`).
 Why: every request entering the engine, from `LLM` or the server, passes here
     before it reaches the engine core, so a bad request fails alone and the
     engine keeps serving; deciding once here means the output processor knows
@@ -30,13 +34,25 @@ from vllm_sampling_mask.errors import SamplingMaskRequestError
 from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.validation import (DEFAULT_MAX_SIZE, LOGPROBS_ARG, MASK_ARG,
-                                           resolve_logprobs_request, resolve_request)
+                                           OPTIONAL_ARG, resolve_logprobs_request,
+                                           resolve_request)
 
 
 def decide(sampling_params, *, engine_on: bool = True, max_size: int = DEFAULT_MAX_SIZE,
            vocab_size: int | None = None) -> tuple[bool, bool]:
     """(mask, support logprobs) for the request; SamplingMaskRequestError if it
-    cannot have what it asked for."""
+    cannot have what it asked for. (`optional` below: whether the mask was
+    decided by default.)"""
+    wants, logprobs, _ = decide_all(sampling_params, engine_on=engine_on,
+                                    max_size=max_size, vocab_size=vocab_size)
+    return wants, logprobs
+
+
+def decide_all(sampling_params, *, engine_on: bool = True,
+               max_size: int = DEFAULT_MAX_SIZE, vocab_size: int | None = None
+               ) -> tuple[bool, bool, bool]:
+    """(mask, support logprobs, optional): `optional` is True for a mask the
+    request did not ask for (its switch null, no support logprobs asked)."""
     extra = sampling_params.extra_args or {}
     asked = extra.get(LOGPROBS_ARG)
     requested, problem = resolve_logprobs_request(
@@ -53,15 +69,15 @@ def decide(sampling_params, *, engine_on: bool = True, max_size: int = DEFAULT_M
         parameter, message = problem
         value = requested if parameter == MASK_ARG else getattr(sampling_params, parameter)
         raise SamplingMaskRequestError(message, parameter=parameter, value=value)
-    return wants, wants and asked is True
+    return wants, wants and asked is True, wants and requested is None
 
 
 def apply(module, release: Release) -> None:
     from vllm.sampling_params import SamplingParams
 
-    def check(self, params) -> tuple[bool, bool]:
+    def check(self, params) -> tuple[bool, bool, bool]:
         settings = mask_settings(self.vllm_config)
-        return decide(params, engine_on=settings is not None,
+        return decide_all(params, engine_on=settings is not None,
                       max_size=settings.max_size if settings else DEFAULT_MAX_SIZE,
                       vocab_size=self.vllm_config.model_config.get_vocab_size())
 
@@ -79,7 +95,7 @@ def apply(module, release: Release) -> None:
         params = request.sampling_params
         if params is not None and mask_enabled(self.vllm_config):
             # `params` is the request's own clone: the caller's object is untouched.
-            wants, logprobs = check(self, params)
+            wants, logprobs, optional = check(self, params)
             params.extra_args = {**(params.extra_args or {}), MASK_ARG: wants,
-                                 LOGPROBS_ARG: logprobs}
+                                 LOGPROBS_ARG: logprobs, OPTIONAL_ARG: optional}
         return request

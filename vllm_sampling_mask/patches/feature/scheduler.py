@@ -10,7 +10,12 @@ What: in `vllm/v1/core/sched/scheduler.py`, makes the scheduler build
     support, a sampled token outside its support, more than one token, or
     anything unexpected) ends *that request* with finish reason ERROR and
     `sampling_mask_error` saying why, carrying no unmasked token; the rest of
-    the batch and the engine go on. A step with tokens but no
+    the batch and the engine go on. A request whose mask was decided by
+    default (its switch null: `validation.mask_is_optional`, read from
+    `Scheduler.requests` before upstream frees
+    the step's finished ones) is never ended by the mask path: the same problem
+    keeps its token and sets `sampling_mask_reason` instead, and the output
+    processor serves that token and every later one without a mask. A step with tokens but no
     `ModelRunnerOutput.sampling_mask_step` raises `MissingSamplingMaskError`.
 Why: the scheduler is where per-step runner rows become per-request outputs;
     slicing after upstream keeps the mask aligned with `new_token_ids` by
@@ -28,6 +33,7 @@ from vllm_sampling_mask.config import mask_enabled
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.releases import Release
+from vllm_sampling_mask.validation import dropped_reason, mask_is_optional
 from vllm_sampling_mask.wire import MaskedEngineCoreOutput
 
 
@@ -47,12 +53,22 @@ def apply(module, release: Release) -> None:
         out.stop_reason = None
         out.sampling_mask_error = f"sampling mask: {message}"
 
+    def drop(out: MaskedEngineCoreOutput, problem: str) -> None:
+        out.sampling_mask_ids = out.sampling_mask_counts = None
+        out.sampling_mask_logprobs = out.sampling_mask_log_kept = None
+        out.sampling_mask_reason = dropped_reason(problem)
+
     @wraps(module, "Scheduler.update_from_output")
     def update_from_output(wrapped, self, args, kwargs):
-        outputs = wrapped(*args, **kwargs)
         if not mask_enabled(self.vllm_config):
-            return outputs
+            return wrapped(*args, **kwargs)
         model_runner_output = argument(wrapped, args, kwargs, "model_runner_output")
+        # read before upstream runs: it frees the requests this step finishes
+        optional = {req_id for req_id in model_runner_output.req_id_to_index
+                    if (r := self.requests.get(req_id)) is not None
+                    and r.sampling_params is not None
+                    and mask_is_optional(r.sampling_params)}
+        outputs = wrapped(*args, **kwargs)
         masks = model_runner_output.sampling_mask_step
         index = model_runner_output.req_id_to_index
         failed = []
@@ -72,7 +88,14 @@ def apply(module, release: Release) -> None:
                 except Exception as exc:  # one request's bad row, not the engine's
                     logger.exception("sampling mask: request %s", out.request_id)
                     problem = f"internal error while slicing its mask: {exc!r}"
-                if problem is not None:
+                if problem is None:
+                    continue
+                if out.request_id in optional:
+                    # never asked for: serve on without a mask, never end the request
+                    logger.info("sampling mask: request %s goes on without a mask: %s",
+                                out.request_id, problem)
+                    drop(out, problem)
+                else:
                     fail(out, problem)
                     failed.append(out.request_id)
         if failed:

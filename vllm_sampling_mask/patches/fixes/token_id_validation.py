@@ -56,6 +56,17 @@ from vllm_sampling_mask.validation import (
 )
 
 PROMPT = "prompt token ids (token_ids on /inference/v1/generate, prompt on /v1/completions)"
+# The same ids as `LLM.generate` takes them (a process that serves no HTTP route).
+PROMPT_OFFLINE = "prompt_token_ids"
+# Modules only a process serving the HTTP routes imports (0.27.1, 0.32.0).
+SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.launchers.app")
+
+
+def prompt_words() -> str:
+    """How the prompt ids are named in a refusal: by the HTTP routes' fields in the
+    API server, as `prompt_token_ids` for `LLM.generate`."""
+    import sys
+    return PROMPT if any(name in sys.modules for name in SERVER_MODULES) else PROMPT_OFFLINE
 
 
 def apply(module, release: Release) -> None:
@@ -94,7 +105,7 @@ def apply(module, release: Release) -> None:
                 # text vocabulary; upstream admits them, so does this check
                 limit = max(limit, tokenizer.max_token_id + 1)
             refuse(token_id_problem("prompt_token_ids", prompt_input["prompt_token_ids"],
-                                    limit, what=PROMPT))
+                                    limit, what=prompt_words()))
         return wrapped(*args, **kwargs)
 
     @wraps(module, "InputProcessor.process_inputs")

@@ -10,7 +10,8 @@ What: in `vllm/entrypoints/openai/api_server.py` (0.27.1; imported there from
     `messages.describe(exc.errors())`: e.g. `return_sampling_mask must be true,
     false or null, not 'yes'.` with param `return_sampling_mask`, and, for a body
     that is no JSON, `The request body is not valid JSON (...)` with param
-    `body`. Status, type and code stay upstream's (400). Whether a top-level
+    `body`. Status, type and code stay upstream's (400); the refusal logs one
+    line (`Request refused in <path>: the body (<param>): <message>`). Whether a top-level
     field also takes null is read from the route's declared body model.
 Why: upstream's message is `"1 validation error:\n  {'type': 'bool_type', ...}"`
     (Python reprs of pydantic's error dicts) and its `param` for malformed JSON
@@ -72,6 +73,10 @@ def apply(module, release: Release) -> None:
             body = json.loads(response.body)
             body["error"]["message"] = message
             body["error"]["param"] = param
+            # one line per refused request, as for the routes' own refusals
+            logging.getLogger("vllm.sampling_mask").info(
+                "Request refused in %s: the body (%s): %s", request.url.path, param,
+                message)
         except Exception:  # the answer stays a 400, with upstream's wording
             logger.warning("could not word a validation error", exc_info=True)
             return response
