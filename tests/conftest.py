@@ -153,7 +153,9 @@ def mask_server(mask_server_log):
     per-request state is left behind."""
     from vllm_sampling_mask.demo import serving
     extra = ["--max-num-seqs", str(SERVER_MAX_NUM_SEQS),
-             "--max-sampling-mask-size", str(SERVER_MAX_MASK_SIZE)]
+             "--max-sampling-mask-size", str(SERVER_MAX_MASK_SIZE),
+             # the README's short name (its snippets run against this server) and the path
+             "--served-model-name", "demo", DEMO_MODEL]
     with serving(free_port(), str(mask_server_log), extra=extra, runner="v1",
                  env={"VLLM_SAMPLING_MASK_DEBUG_STATE": "1"}) as base:
         yield base
@@ -225,9 +227,47 @@ def reference_support(logits_row: torch.Tensor, temperature: float, top_k: int,
     return surely_in, surely_out
 
 
+# The release tier: what CI runs on every supported release but the newest (which
+# runs the whole suite), `python -m pytest -m release_tier`. The seam contract and
+# the release's profile, every patch applied to the release's own modules, the
+# upstream fixes that differ per release, and an end-to-end slice: a V1 engine's
+# masks against the independent reference, the shared server's three routes
+# streamed and not with the switch, a 400, support logprobs and packed masks, the
+# generate route's n > 1 without masks, and Model Runner V2 under the interpreter.
+# Node-id patterns (fnmatch); each must select a test, or the tier run stops.
+RELEASE_TIER = (
+    "tests/test_releases.py::*", "tests/test_seams.py::*", "tests/test_registry.py::*",
+    "tests/test_overlay.py::*", "tests/test_cpu_seeded_sampling.py::*",
+    "tests/test_messages.py::*", "tests/test_top_p_one_rows.py::*",
+    "tests/test_engine.py::*[[]v1[]]",
+    "tests/test_engine.py::test_supports_match_an_independent_reference[[]mrv2[]]",
+    "tests/test_server.py::*", "tests/test_openai_routes.py::*",
+    "tests/test_support_logprobs_http.py::*", "tests/test_packed_wire_http.py::*",
+    "tests/test_unasked_masks.py::*",
+    "tests/test_server_without_masks.py::test_n_choices_come_back_streamed_or_not*",
+)
+
+
+def _mark_release_tier(config, items) -> None:
+    import fnmatch
+
+    unmatched = set(RELEASE_TIER)
+    for item in items:
+        hits = {p for p in RELEASE_TIER if fnmatch.fnmatchcase(item.nodeid, p)}
+        if hits:
+            item.add_marker(pytest.mark.release_tier)
+            unmatched -= hits
+    if unmatched and "release_tier" in (config.option.markexpr or "") and \
+            not config.option.keyword and not config.args[1:]:
+        raise pytest.UsageError(f"RELEASE_TIER patterns that select no test: "
+                                f"{sorted(unmatched)}")
+
+
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests run only where CUDA is available; elsewhere they are reported
-    as skipped, with the reason (never silently deselected)."""
+    """Marks the release tier (`RELEASE_TIER`). `gpu` tests run only where CUDA is
+    available; elsewhere they are reported as skipped, with the reason (never
+    silently deselected)."""
+    _mark_release_tier(config, items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is "

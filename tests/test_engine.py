@@ -347,8 +347,16 @@ def test_greedy_opted_out_and_masked_requests_share_a_batch(llm, tokenizer):
     outs = [o.outputs[0] for o in llm.generate(PROMPTS[:7], params)]
     for c in outs[:3]:
         assert c.sampling_mask is None and len(c.token_ids) == 12
+    # the top-p-only request left the switch null: one of its steps may be wider
+    # than the engine's 128 ids; it still runs to its end, and then carries no mask
+    # but the reason, never a partial one
+    top_p_only = outs[4]
+    assert top_p_only.finish_reason == "length" and len(top_p_only.token_ids) == 12
+    if top_p_only.sampling_mask is None:
+        assert "--max-sampling-mask-size 128" in top_p_only.sampling_mask_reason
     for c in outs[3:]:
-        check_alignment(c, len(tokenizer))
+        if c is not top_p_only or c.sampling_mask is not None:
+            check_alignment(c, len(tokenizer))
     alone = llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=12,
                                                       ignore_eos=True))[0].outputs[0]
     assert outs[0].token_ids == alone.token_ids          # greedy stays greedy
@@ -409,7 +417,7 @@ def test_a_row_the_mask_cannot_describe_ends_only_its_request(llm):
     -15 makes the width top_k - 15 < top_k (so every row is unexpectedly wide)
     and one spare slot lets only one row of each step through exactly."""
     params = [SamplingParams(temperature=1.0, top_k=20, max_tokens=6, ignore_eos=True,
-                             seed=900 + i) for i in range(3)]
+                             seed=900 + i, extra_args=_ask(True)) for i in range(3)]
     clean = [o.outputs[0] for o in llm.generate(PROMPTS[:3], params)]
     (old,) = llm.collective_rpc(_set_extraction_settings,
                                 args=({"tie_margin": -15, "spare_wide_slots": 1},))

@@ -54,6 +54,27 @@ def test_generate_returns_one_mask_per_token(server, tok):
         assert len(choice["logprobs"]["content"]) == 10
 
 
+def test_logprobs_keep_the_wire_of_the_release(server, tok):
+    """The route's logprobs are the release's own (a client written for it reads them
+    unchanged, as prime-rl's renderers read 0.27-0.31's): `"token": "token_id:N"`
+    entries (OpenAI chat shape) up to 0.31, `{"token_id": N, ...}` (the protocol's
+    `GenerateLogProbs`) from 0.32; the mask does not change them."""
+    from vllm.entrypoints.scale_out.token_in_token_out import protocol
+
+    ids = tok("def main():\n    ", add_special_tokens=False)["input_ids"]
+    r = generate(server, ids, temperature=1.0, top_k=20, max_tokens=4, logprobs=1, seed=2)
+    assert r.status_code == 200, r.text
+    (choice,) = r.json()["choices"]
+    content = choice["logprobs"]["content"]
+    assert len(content) == len(choice["token_ids"]) == len(choice["sampling_mask"]) == 4
+    for token, entry in zip(choice["token_ids"], content):
+        if hasattr(protocol, "GenerateLogProbs"):
+            assert entry["token_id"] == token
+        else:
+            assert entry["token"] == f"token_id:{token}"
+        assert entry["logprob"] <= 0
+
+
 def test_stop_token_and_seed_over_http(server, tok):
     """A seeded request replays; stopping on its 4th token cuts tokens and masks there."""
     ids = tok("import os\n", add_special_tokens=False)["input_ids"]

@@ -17,8 +17,8 @@ What: in `vllm/entrypoints/openai/chat_completion/protocol.py`, replaces
     module builds the subclasses. The `openai_chat` patch fills the fields.
 Why: the per-request choice must reach the engine from the OpenAI client
     (`extra_body={"return_sampling_mask": ...}`), and the mask must reach it back.
-Remove when: upstream vLLM PR #49577 (sampling masks upstream, vLLM 0.28)
-    declares these fields.
+Remove when: upstream declares these fields (vLLM #49577, in 0.28, declares the
+    mask on the generate route's choices only).
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ What: in `vllm/v1/outputs.py`, adds the dataclass fields
     sampler output; `sampler_v1` fills it).
 Why: a declared field pickles with the output and reads back as None only
     when the producer really wrote nothing, which the scheduler then refuses.
-Remove when: upstream carries the mask in `ModelRunnerOutput` (vLLM #49577).
+Remove when: upstream's `ModelRunnerOutput` mask (vLLM #49577, since 0.28, Model
+    Runner V2 only, lists) carries the V1 runner's, the support logprobs and the
+    packed block; from 0.28 this field replaces upstream's on the hop.
 """
 
 from vllm_sampling_mask.extraction import DeviceMask
