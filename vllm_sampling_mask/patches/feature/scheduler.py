@@ -11,9 +11,9 @@ What: in `vllm/v1/core/sched/scheduler.py`, makes the scheduler build
     anything unexpected) ends *that request* with finish reason ERROR and
     `sampling_mask_error` saying why, carrying no unmasked token; the rest of
     the batch and the engine go on. A request whose mask was decided by
-    default (its switch null: `validation.mask_is_optional`, read from
-    `Scheduler.requests` before upstream frees
-    the step's finished ones) is never ended by the mask path: the same problem
+    default (its switch null: `validation.mask_is_optional`, read from a
+    copy of `Scheduler.requests` taken before upstream frees the step's finished
+    ones) is never ended by the mask path: the same problem
     keeps its token and sets `sampling_mask_reason` instead, and the output
     processor serves that token and every later one without a mask. A step with tokens but no
     `ModelRunnerOutput.sampling_mask_step` raises `MissingSamplingMaskError`.
@@ -65,11 +65,9 @@ def apply(module, release: Release) -> None:
         if not mask_enabled(self.vllm_config):
             return wrapped(*args, **kwargs)
         model_runner_output = argument(wrapped, args, kwargs, "model_runner_output")
-        # read before upstream runs: it frees the requests this step finishes
-        optional = {req_id for req_id in model_runner_output.req_id_to_index
-                    if (r := self.requests.get(req_id)) is not None
-                    and r.sampling_params is not None
-                    and mask_is_optional(r.sampling_params)}
+        # the requests as they were before upstream frees the ones this step finishes
+        # (a copy made in C; looked up only for a request whose step has a problem)
+        requests = dict(self.requests)
         outputs = wrapped(*args, **kwargs)
         masks = model_runner_output.sampling_mask_step
         index = model_runner_output.req_id_to_index
@@ -92,7 +90,9 @@ def apply(module, release: Release) -> None:
                     problem = f"internal error while slicing its mask: {exc!r}"
                 if problem is None:
                     continue
-                if out.request_id in optional:
+                request = requests.get(out.request_id)
+                if (request is not None and request.sampling_params is not None
+                        and mask_is_optional(request.sampling_params)):
                     # never asked for: serve on without a mask, never end the request
                     logger.info("sampling mask: request %s goes on without a mask: %s",
                                 out.request_id, problem)
