@@ -42,3 +42,20 @@ def test_a_server_that_exits_points_to_its_log_and_shows_its_last_lines(tmp_path
     message = str(raised.value)
     assert "exited with code 1" in message and str(log_path) in message
     assert "Address already in use" in message
+
+
+def test_the_progress_line_is_the_last_line_vllm_logged(tmp_path):
+    """While the server starts, the demo shows the last line vLLM's logger wrote,
+    without its prefix; a Python warning's source line after it is no news."""
+    log = tmp_path / "serve.log"
+    log.write_text("")
+    assert demo.last_log_line(str(log)) == "starting Python and importing vLLM"
+    log.write_text(
+        "(APIServer pid=12) INFO 12-01 09:00:01 [api_server.py:10] Starting vLLM API server\n"
+        "/x/site-packages/torch/distributed/c10d.py:1: FutureWarning: reduce_op is deprecated\n"
+        '  wrapper = lookup(vars(value).get("kernel"))\n')
+    assert demo.last_log_line(str(log)) == "Starting vLLM API server"
+    log.write_text("a line from no logger\n")
+    assert demo.last_log_line(str(log)) == "a line from no logger"
+    log.write_text("(EngineCore pid=3) WARNING 12-01 09:00:02 [x.py:1] " + "y" * 200 + "\n")
+    assert demo.last_log_line(str(log)) == "y" * 97 + "..."

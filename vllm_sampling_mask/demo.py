@@ -88,9 +88,15 @@ def last_log_line(path: str) -> str:
         return ""
     if not lines:
         return "starting Python and importing vLLM"
-    text = re.sub(r"^(\(\w+ pid=\d+\) )?(\w+ \d\d-\d\d [\d:]+ \[[^\]]*\] )?", "",
-                  lines[-1].strip())
+    # the last line vLLM's logger wrote (a Python warning's source line is no news)
+    logged = [m for m in map(_LOG_PREFIX.match, lines) if m and m.group(2)]
+    text = logged[-1].string[logged[-1].end():] if logged else _LOG_PREFIX.sub("", lines[-1])
+    text = text.strip()
     return text if len(text) <= 100 else text[:97] + "..."
+
+
+# vLLM's log prefix: the process, then level, date, time and [source]
+_LOG_PREFIX = re.compile(r"^\s*(\(\w+ pid=\d+\) )?(\w+ \d\d-\d\d [\d:]+ \[[^\]]*\] )?")
 
 
 class ServerExited(RuntimeError):
@@ -191,10 +197,14 @@ def serving(port: int, log_path: str, extra=(), runner: str | None = None, env=N
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--port", type=int, default=8123)
-    ap.add_argument("--prompt", default="def main():\n    ")
-    ap.add_argument("--max-tokens", type=int, default=12)
+    ap = argparse.ArgumentParser(prog="python -m vllm_sampling_mask.demo",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("--port", type=int, default=8123,
+                    help="the port the demo's server listens on (default 8123)")
+    ap.add_argument("--prompt", default="def main():\n    ",
+                    help="the prompt to continue (tokenized with the demo model's tokenizer)")
+    ap.add_argument("--max-tokens", type=int, default=12,
+                    help="how many tokens to generate (default 12)")
     args = ap.parse_args()
     problem = port_problem(args.port)
     if problem is not None:   # before the 30-70 s start-up that would end the same way
