@@ -155,3 +155,31 @@ def test_install_extras_admit_exactly_the_supported_releases():
         assert requirement.startswith(dist)
         spec = SpecifierSet(requirement[len(dist):])
         assert [v for v in published if v in spec] == list(SUPPORTED_VLLM), extra
+
+
+def test_upstream_mask_api_reads_the_overlays_mask():
+    """`vllm.outputs.SamplingMask` is the overlay's class, on every release: code
+    written for upstream's own mask (0.28 on: its constructor, `.token_ids`) reads it
+    unchanged, and `RequestOutput.add` joins masks as it joins token ids (0.28-0.31's
+    own `add` does not)."""
+    from vllm.outputs import CompletionOutput, RequestOutput, SamplingMask as Upstream
+
+    from vllm_sampling_mask.sampling_mask import SamplingMask
+
+    assert Upstream is SamplingMask
+    assert Upstream([[1, 2], [3]]).token_ids == [[1, 2], [3]]
+    assert Upstream(token_ids=[[4]]) == SamplingMask.from_lists([[4]])
+
+    def output(tokens, mask, finished):
+        completion = CompletionOutput(index=0, text="", token_ids=tokens,
+                                      cumulative_logprob=None, logprobs=None,
+                                      sampling_mask=Upstream(mask))
+        return RequestOutput(request_id="r", prompt=None, prompt_token_ids=[1],
+                             prompt_logprobs=None, outputs=[completion],
+                             finished=finished)
+
+    first = output([7], [[7, 9]], False)
+    first.add(output([8, 5], [[8], [2, 5]], True), aggregate=True)
+    (completion,) = first.outputs
+    assert completion.token_ids == [7, 8, 5]
+    assert completion.sampling_mask.token_ids == [[7, 9], [8], [2, 5]]

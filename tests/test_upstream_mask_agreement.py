@@ -56,27 +56,3 @@ def test_overlay_and_upstream_extract_the_same_supports(seed, top_k, max_num_kep
     assert ours == theirs
     reference = [torch.nonzero(torch.isfinite(row)).view(-1).tolist() for row in logits]
     assert ours == reference
-
-
-def test_upstream_mask_api_reads_the_overlays_mask():
-    """`vllm.outputs.SamplingMask` is the overlay's class (upstream's constructor and
-    `.token_ids`), and `RequestOutput.add` joins masks as it joins token ids."""
-    from vllm.outputs import CompletionOutput, RequestOutput, SamplingMask as Upstream
-
-    assert Upstream is SamplingMask
-    assert Upstream([[1, 2], [3]]).token_ids == [[1, 2], [3]]
-    assert Upstream(token_ids=[[4]]) == SamplingMask.from_lists([[4]])
-
-    def output(tokens, mask, finished):
-        completion = CompletionOutput(index=0, text="", token_ids=tokens,
-                                      cumulative_logprob=None, logprobs=None,
-                                      sampling_mask=Upstream(mask))
-        return RequestOutput(request_id="r", prompt=None, prompt_token_ids=[1],
-                             prompt_logprobs=None, outputs=[completion],
-                             finished=finished)
-
-    first = output([7], [[7, 9]], False)
-    first.add(output([8, 5], [[8], [2, 5]], True), aggregate=True)
-    (completion,) = first.outputs
-    assert completion.token_ids == [7, 8, 5]
-    assert completion.sampling_mask.token_ids == [[7, 9], [8], [2, 5]]
