@@ -1,5 +1,6 @@
 """On a vLLM release with a sampling mask of its own (0.32): the overlay's supports are
-upstream's supports, and code written against upstream's mask API keeps working.
+upstream's supports (that code written against upstream's mask API keeps working, on
+every release, is `test_overlay.test_upstream_mask_api_reads_the_overlays_mask`).
 
 The overlay replaces upstream's extraction and transport (docs/releases.md says why).
 Here both run on the same processed logits: upstream's `SamplingMaskTensors.from_logits`
