@@ -12,7 +12,7 @@ import json
 import pytest
 import requests
 
-from vllm_sampling_mask import SamplingMask
+from vllm_sampling_mask import DEMO_MODEL, SamplingMask
 
 from conftest import CHAT, CMPL, GEN
 from conftest import route_body as body
@@ -95,8 +95,10 @@ def test_top_k_at_or_above_the_vocabulary_means_no_top_k(mask_server, route):
 
 
 def test_models_route_says_the_dtype(mask_server):
-    (card,) = requests.get(mask_server + "/v1/models", timeout=30).json()["data"]
-    assert card["dtype"] == "float32"
+    cards = requests.get(mask_server + "/v1/models", timeout=30).json()["data"]
+    # one card per served name (the shared server answers to "demo" and the path)
+    assert {c["id"] for c in cards} == {"demo", DEMO_MODEL}
+    assert all(c["dtype"] == "float32" for c in cards)
 
 
 @pytest.mark.parametrize("route", [GEN, CMPL, CHAT])
