@@ -25,7 +25,7 @@ not newer than it (the oldest for one older than every listed release).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Mapping
 
@@ -67,7 +67,6 @@ class Release:
     generate_route_option: tuple[str, ...] = ()
     # the oldest Python the release's wheels are built for
     python: tuple[int, int] = (3, 10)
-    notes: str = field(default="", compare=False)
 
     def module(self, role: str) -> str:
         return self.modules[role]
