@@ -1,0 +1,195 @@
+"""Where the sampling mask's time goes, per engine step, on the V1 runner (mask off vs on).
+
+Each arm (mask off, mask on; both `--logprobs-mode processed_logprobs`) runs in its own
+process with the engine in that process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: scheduler,
+worker and output processor in one interpreter), on the same seeded workload as
+`bench_v1_engine.py` (top_k 50, top_p 0.95). Per engine step it reports:
+
+- end to end: the `LLM.generate` time divided by the steps the scheduler ran (the best of
+  `--repeats`), off and on, and the difference: what the mask adds in one process;
+- the overlay's own code, by module (one `generate` under cProfile): each overlay
+  function's own time plus the time of the non-vLLM calls it makes itself (torch,
+  numpy, msgspec, builtins), so upstream code a wrapper calls is not counted; the
+  profiler's overhead inflates these, so read them as shares, not as the difference;
+- the process hop the mask crosses when the engine core runs in its own process (the
+  default): the step's `EngineCoreOutputs`, captured from the scheduler, encoded with
+  vLLM's `MsgpackEncoder` and decoded with the type the client decodes (the overlay's
+  `MaskedEngineCoreOutputs` with the mask on), bytes and time per step. (On one worker
+  the worker runs inside the engine-core process: no hop between them.)
+
+    python benchmarks/bench_step_breakdown.py
+    python benchmarks/bench_step_breakdown.py --model vocab151936 --batch 64
+
+The response side (the API server's JSON or packed encoding of masks) is measured by
+`bench_wire.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench_v1_engine import make_random_model  # noqa: E402
+
+OVERLAY = os.sep + "vllm_sampling_mask" + os.sep
+UPSTREAM = os.sep + "vllm" + os.sep
+
+
+def _group(filename: str) -> str:
+    """'vllm_sampling_mask/patches/feature/scheduler.py' -> 'patches.feature.scheduler'."""
+    rel = filename.split(OVERLAY, 1)[1]
+    return rel[:-3].replace(os.sep, ".")
+
+
+def overlay_time(stats: pstats.Stats) -> dict[str, float]:
+    """Seconds per overlay module: its functions' own time plus the cumulative time of
+    the non-vLLM, non-overlay functions they call directly."""
+    groups: dict[str, float] = {}
+    for func, (_, _, tt, _, callers) in stats.stats.items():
+        filename = func[0]
+        if OVERLAY in filename:
+            key = _group(filename)
+            groups[key] = groups.get(key, 0.0) + tt
+            continue
+        if UPSTREAM in filename:
+            continue   # upstream's own work (a wrapper's wrapped call included)
+        for caller, (_, _, _, ct) in callers.items():
+            if OVERLAY in caller[0]:
+                key = _group(caller[0])
+                groups[key] = groups.get(key, 0.0) + ct
+    return groups
+
+
+def wire_cost(captured: list, loops: int = 20) -> dict[str, float]:
+    """Bytes and encode/decode seconds per step of the captured EngineCoreOutputs, with
+    the encoder the engine core uses and the type the client decodes."""
+    import vllm.v1.engine.core_client as core_client
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    encoder = MsgpackEncoder()
+    decoder = MsgpackDecoder(core_client.EngineCoreOutputs)
+    frames = [encoder.encode(outputs) for outputs in captured]
+    size = sum(sum(len(memoryview(b)) for b in f) for f in frames) / len(frames)
+    t0 = time.perf_counter()
+    for _ in range(loops):
+        for outputs in captured:
+            encoder.encode(outputs)
+    enc = (time.perf_counter() - t0) / (loops * len(captured))
+    t0 = time.perf_counter()
+    for _ in range(loops):
+        for f in frames:
+            decoder.decode(f)
+    dec = (time.perf_counter() - t0) / (loops * len(frames))
+    return {"bytes": size, "encode_s": enc, "decode_s": dec}
+
+
+def worker(model: str, mask_on: bool, batch: int, max_tokens: int, repeats: int) -> None:
+    from vllm import LLM, SamplingParams
+
+    kwargs = dict(model=model, dtype="float32", max_model_len=512, enforce_eager=True,
+                  seed=0, logprobs_mode="processed_logprobs", kv_cache_memory_bytes=2 << 30,
+                  max_num_seqs=batch, skip_tokenizer_init=True)
+    if mask_on:
+        kwargs["return_sampling_mask"] = True
+    llm = LLM(**kwargs)
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    steps, captured = [0], []
+    original = scheduler.update_from_output
+
+    def update_from_output(*args, **kw):
+        result = original(*args, **kw)
+        steps[0] += 1
+        if len(captured) < 64:
+            captured.extend(o for o in result.values() if o.outputs)
+        return result
+
+    scheduler.update_from_output = update_from_output
+    prompts = [{"prompt_token_ids": [(7 * i + j) % 4000 + 10 for j in range(16)]}
+               for i in range(batch)]
+    params = [SamplingParams(temperature=1.0, top_k=50, top_p=0.95, max_tokens=max_tokens,
+                             ignore_eos=True, seed=i, detokenize=False)
+              for i in range(batch)]
+    llm.generate(prompts, params, use_tqdm=False)     # warm-up
+    per_step = []
+    for _ in range(repeats):
+        before, t0 = steps[0], time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        per_step.append((time.perf_counter() - t0) / (steps[0] - before))
+    assert (outs[0].outputs[0].sampling_mask is not None) == mask_on
+    profiler = cProfile.Profile()
+    before = steps[0]
+    profiler.enable()
+    llm.generate(prompts, params, use_tqdm=False)
+    profiler.disable()
+    profiled_steps = steps[0] - before
+    groups = overlay_time(pstats.Stats(profiler))
+    result = {"step_s": min(per_step), "steps": profiled_steps,
+              "overlay_s": {k: v / profiled_steps for k, v in groups.items()},
+              "wire": wire_cost(captured)}
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="demo", choices=["demo", "vocab151936"])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--worker", nargs=2, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args.worker[0], args.worker[1] == "1", args.batch, args.max_tokens,
+               args.repeats)
+        return
+    from vllm_sampling_mask import DEMO_MODEL
+
+    path = DEMO_MODEL if args.model == "demo" else make_random_model(
+        os.path.join("/tmp", "vsm-bench-vocab151936"))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TRITON_INTERPRET", "VLLM_USE_V2_MODEL_RUNNER")}
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    res = {}
+    for mask_on in (False, True):
+        cmd = [sys.executable, __file__, "--worker", path, str(int(mask_on)), "--batch",
+               str(args.batch), "--max-tokens", str(args.max_tokens), "--repeats",
+               str(args.repeats)]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(out.stderr[-3000:])
+        line = next(l for l in out.stdout.splitlines() if l.startswith("RESULT "))
+        res[mask_on] = json.loads(line[len("RESULT "):])
+    off, on = res[False], res[True]
+    us = 1e6
+    print(f"V1 runner, engine in one process; {args.model}, batch {args.batch}, "
+          f"{args.max_tokens} tokens, top_k 50, top_p 0.95; per engine step:")
+    print(f"{'':44} {'off':>9} {'on':>9} {'on-off':>9}")
+    print(f"{'end to end (best of repeats), us':44} {off['step_s'] * us:9.0f} "
+          f"{on['step_s'] * us:9.0f} {(on['step_s'] - off['step_s']) * us:9.0f}")
+    for key, name in (("bytes", "engine core -> client hop, bytes"),
+                      ("encode_s", "  encode (engine core), us"),
+                      ("decode_s", "  decode (client), us")):
+        scale = 1 if key == "bytes" else us
+        a, b = off["wire"][key] * scale, on["wire"][key] * scale
+        print(f"{name:44} {a:9.0f} {b:9.0f} {b - a:9.0f}")
+    print("overlay code under cProfile (own time + direct non-vLLM calls), us:")
+    keys = sorted(set(off["overlay_s"]) | set(on["overlay_s"]),
+                  key=lambda k: -on["overlay_s"].get(k, 0.0))
+    for key in keys:
+        a, b = off["overlay_s"].get(key, 0.0) * us, on["overlay_s"].get(key, 0.0) * us
+        if max(a, b) >= 1:
+            print(f"  {key:42} {a:9.0f} {b:9.0f} {b - a:9.0f}")
+    total_a = sum(off["overlay_s"].values()) * us
+    total_b = sum(on["overlay_s"].values()) * us
+    print(f"  {'all overlay code':42} {total_a:9.0f} {total_b:9.0f} {total_b - total_a:9.0f}")
+
+
+if __name__ == "__main__":
+    main()
