@@ -9,7 +9,8 @@ worker and output processor in one interpreter), on the same seeded workload as
   `--repeats`), off and on, and the difference: what the mask adds in one process;
 - the overlay's own code, by module (one `generate` under cProfile): each overlay
   function's own time plus the time of the non-vLLM calls it makes itself (torch,
-  numpy, msgspec, builtins), so upstream code a wrapper calls is not counted; the
+  numpy, msgspec, builtins; not a decorator's or context manager's trampoline), so
+  upstream code a wrapper calls is not counted; the
   profiler's overhead inflates these, so read them as shares, not as the difference;
 - the process hop the mask crosses when the engine core runs in its own process (the
   default): the step's `EngineCoreOutputs`, captured from the scheduler, encoded with
@@ -41,6 +42,9 @@ from bench_v1_engine import make_random_model  # noqa: E402
 
 OVERLAY = os.sep + "vllm_sampling_mask" + os.sep
 UPSTREAM = os.sep + "vllm" + os.sep
+# calls that only pass control on (a decorator's or a context manager's trampoline):
+# their time is the callee's, upstream's or the overlay's own, counted there
+TRAMPOLINES = ("contextlib.py", "functools.py", os.sep + "wrapt" + os.sep)
 
 
 def _group(filename: str) -> str:
@@ -59,7 +63,7 @@ def overlay_time(stats: pstats.Stats) -> dict[str, float]:
             key = _group(filename)
             groups[key] = groups.get(key, 0.0) + tt
             continue
-        if UPSTREAM in filename:
+        if UPSTREAM in filename or any(t in filename for t in TRAMPOLINES):
             continue   # upstream's own work (a wrapper's wrapped call included)
         for caller, (_, _, _, ct) in callers.items():
             if OVERLAY in caller[0]:
