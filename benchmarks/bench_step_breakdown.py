@@ -32,13 +32,12 @@ import cProfile
 import json
 import os
 import pstats
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_v1_engine import make_random_model  # noqa: E402
+from bench_v1_engine import make_random_model, run_worker  # noqa: E402
 
 OVERLAY = os.sep + "vllm_sampling_mask" + os.sep
 UPSTREAM = os.sep + "vllm" + os.sep
@@ -165,11 +164,7 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--worker", path, str(int(mask_on)), "--batch",
                str(args.batch), "--max-tokens", str(args.max_tokens), "--repeats",
                str(args.repeats)]
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if out.returncode != 0:
-            raise RuntimeError(out.stderr[-3000:])
-        line = next(l for l in out.stdout.splitlines() if l.startswith("RESULT "))
-        res[mask_on] = json.loads(line[len("RESULT "):])
+        res[mask_on] = run_worker(cmd, env)
     off, on = res[False], res[True]
     us = 1e6
     print(f"V1 runner, engine in one process; {args.model}, batch {args.batch}, "

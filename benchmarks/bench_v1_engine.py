@@ -72,6 +72,15 @@ def worker(model: str, mask_on: bool, batches: list[int], max_tokens: int,
     print("RESULT " + json.dumps(results), flush=True)
 
 
+def run_worker(cmd: list[str], env: dict[str, str]) -> dict:
+    """Run one arm's worker process; its `RESULT {json}` line, parsed."""
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-3000:])
+    line = next(l for l in out.stdout.splitlines() if l.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["demo", "vocab151936"])
@@ -100,11 +109,7 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--worker", path, str(int(mask_on)),
                    "--batches", *map(str, args.batches), "--max-tokens",
                    str(args.max_tokens), "--repeats", str(args.repeats)]
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            if out.returncode != 0:
-                raise RuntimeError(out.stderr[-3000:])
-            line = next(l for l in out.stdout.splitlines() if l.startswith("RESULT "))
-            for batch, tput in json.loads(line[len("RESULT "):]).items():
+            for batch, tput in run_worker(cmd, env).items():
                 res[mask_on][batch] = max(tput, res[mask_on].get(batch, 0.0))
         for batch in args.batches:
             off, on = res[False][str(batch)], res[True][str(batch)]
