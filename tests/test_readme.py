@@ -86,7 +86,10 @@ def test_readme_serve_and_curl_run_as_printed(tmp_path):
         assert "--served-model-name demo" in serve and '"model": "demo"' in curl
         wrong = requests.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
                               json={"model": "nope", "prompt": "x", "max_tokens": 1})
-        assert wrong.status_code == 404 and "demo" in wrong.json()["error"]["message"]
+        message = wrong.json()["error"]["message"]
+        assert wrong.status_code == 404 and "nope" in message
+        if "Valid" in message:   # the releases whose error lists the served names (0.32)
+            assert "demo" in message, message
         text = (tmp_path / "serve.log").read_text()
         assert "Sampling masks on" in text and "V1 model runner" in text
         assert "--dtype float32" in serve and "dtype=torch.float32" in text

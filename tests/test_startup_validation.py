@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -62,6 +63,8 @@ def test_vllm_serve_refuses_at_start_up_with_the_fix(logprobs_mode, fix):
     # one line with the fix, no traceback through vLLM's start-up (issue 27, item 6)
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     (line,) = [l for l in r.stderr.splitlines() if fix in l]
+    # (0.27.1 prefixes the API server process's lines with its name and pid)
+    line = re.sub(r"^\(\w+ pid=\d+\) ", "", line)
     assert line.startswith("vllm serve: error: --return-sampling-mask"), line
 
 
