@@ -1,4 +1,4 @@
-"""On a vLLM release with a sampling mask of its own (0.32): the overlay's supports are
+"""On a vLLM release with a sampling mask of its own (0.28 on): the overlay's supports are
 upstream's supports (that code written against upstream's mask API keeps working, on
 every release, is `test_overlay.test_upstream_mask_api_reads_the_overlays_mask`).
 
@@ -12,6 +12,8 @@ On 0.27.1, which has no mask of its own, the module is skipped, saying so.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import numpy as np
 import pytest
@@ -32,11 +34,24 @@ from test_extraction_kernel import hostile_logits  # noqa: E402
 
 
 def upstream_supports(logits: torch.Tensor, max_num_kept: int) -> list[list[int]]:
+    """Upstream's supports of `logits` (one sampled token per row), through the
+    release's own API: 0.28-0.29 pack a bitmap per row; 0.30-0.31 compact up to
+    `max_num_kept` ids; 0.32 also takes the rows' logits offsets."""
     rows = logits.shape[0]
-    tensors = upstream_output.SamplingMaskTensors.from_logits(
-        logits, torch.arange(rows + 1, dtype=torch.int32),
-        torch.ones(rows, dtype=torch.int32), max_num_kept)
-    return tensors.to_cpu_nonblocking().tolists().to_nested_list()
+    ones = torch.ones(rows, dtype=torch.int32)
+    from_logits = upstream_output.SamplingMaskTensors.from_logits
+    takes = inspect.signature(from_logits).parameters
+    if "cu_num_logits" in takes:
+        tensors = from_logits(logits, torch.arange(rows + 1, dtype=torch.int32), ones,
+                              max_num_kept)
+    elif "max_num_kept" in takes:
+        tensors = from_logits(logits, ones, max_num_kept)
+    else:
+        tensors = from_logits(logits, ones)
+    host = tensors.to_cpu_nonblocking()
+    if "num_sampled_tokens" in inspect.signature(host.tolists).parameters:
+        return host.tolists(ones.numpy()).to_nested_list()
+    return host.tolists().to_nested_list()
 
 
 def overlay_supports(logits: torch.Tensor, top_k: np.ndarray) -> list[list[int]]:
@@ -47,6 +62,14 @@ def overlay_supports(logits: torch.Tensor, top_k: np.ndarray) -> list[list[int]]
     return SamplingMask(host.ids, host.offsets).token_ids
 
 
+_TAKES = inspect.signature(upstream_output.SamplingMaskTensors.from_logits).parameters
+
+
+@pytest.mark.skipif(
+    "max_num_kept" in _TAKES and "cu_num_logits" not in _TAKES and not torch.cuda.is_available(),
+    reason="vLLM 0.30-0.31's compact kernel does not run under Triton's interpreter "
+           "(InterpreterError: ValueError('mask has unsupported dtype')); it runs on 0.28-0.29 "
+           "(bitmap) and 0.32, and on a GPU")
 @pytest.mark.parametrize("seed,top_k,max_num_kept", [(0, 20, 20), (1, 50, 64), (2, 5, 8)])
 def test_overlay_and_upstream_extract_the_same_supports(seed, top_k, max_num_kept):
     logits = hostile_logits(rows=12, vocab=3001, top_k=top_k, seed=seed)
