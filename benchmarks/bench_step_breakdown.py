@@ -20,6 +20,7 @@ worker and output processor in one interpreter), on the same seeded workload as
 
     python benchmarks/bench_step_breakdown.py
     python benchmarks/bench_step_breakdown.py --model vocab151936 --batch 64
+    python benchmarks/bench_step_breakdown.py --functions 15    # and the costliest functions
 
 The response side (the API server's JSON or packed encoding of masks) is measured by
 `bench_wire.py`.
@@ -52,21 +53,25 @@ def _group(filename: str) -> str:
     return rel[:-3].replace(os.sep, ".")
 
 
-def overlay_time(stats: pstats.Stats) -> dict[str, float]:
-    """Seconds per overlay module: its functions' own time plus the cumulative time of
-    the non-vLLM, non-overlay functions they call directly."""
+def overlay_time(stats: pstats.Stats, by_function: bool = False) -> dict[str, float]:
+    """Seconds per overlay module (or per overlay function, "module:function"): its
+    functions' own time plus the cumulative time of the non-vLLM, non-overlay
+    functions they call directly."""
+    def key_of(func) -> str:
+        return f"{_group(func[0])}:{func[2]}" if by_function else _group(func[0])
+
     groups: dict[str, float] = {}
     for func, (_, _, tt, _, callers) in stats.stats.items():
         filename = func[0]
         if OVERLAY in filename:
-            key = _group(filename)
+            key = key_of(func)
             groups[key] = groups.get(key, 0.0) + tt
             continue
         if UPSTREAM in filename or any(t in filename for t in TRAMPOLINES):
             continue   # upstream's own work (a wrapper's wrapped call included)
         for caller, (_, _, _, ct) in callers.items():
             if OVERLAY in caller[0]:
-                key = _group(caller[0])
+                key = key_of(caller)
                 groups[key] = groups.get(key, 0.0) + ct
     return groups
 
@@ -133,9 +138,11 @@ def worker(model: str, mask_on: bool, batch: int, max_tokens: int, repeats: int)
     llm.generate(prompts, params, use_tqdm=False)
     profiler.disable()
     profiled_steps = steps[0] - before
-    groups = overlay_time(pstats.Stats(profiler))
+    stats = pstats.Stats(profiler)
+    groups, functions = overlay_time(stats), overlay_time(stats, by_function=True)
     result = {"step_s": min(per_step), "steps": profiled_steps,
               "overlay_s": {k: v / profiled_steps for k, v in groups.items()},
+              "functions_s": {k: v / profiled_steps for k, v in functions.items()},
               "wire": wire_cost(captured)}
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -146,6 +153,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--functions", type=int, default=0, metavar="N",
+                    help="also list the N overlay functions that cost the most per step "
+                         "with the mask on")
     ap.add_argument("--worker", nargs=2, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -188,6 +198,11 @@ def main() -> None:
     total_a = sum(off["overlay_s"].values()) * us
     total_b = sum(on["overlay_s"].values()) * us
     print(f"  {'all overlay code':42} {total_a:9.0f} {total_b:9.0f} {total_b - total_a:9.0f}")
+    if args.functions:
+        print(f"the {args.functions} costliest overlay functions with the mask on, us per step:")
+        ranked = sorted(on["functions_s"].items(), key=lambda kv: -kv[1])
+        for key, seconds in ranked[: args.functions]:
+            print(f"  {key:62} {seconds * us:9.0f}")
 
 
 if __name__ == "__main__":

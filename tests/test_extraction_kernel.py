@@ -1,7 +1,7 @@
 """The Triton extraction kernel, run by Triton's interpreter, equals the torch path.
 
-On a CPU host `tests/conftest.py` sets TRITON_INTERPRET=1, so `use_triton=True`
-runs the extraction kernel (`_chunk_pass`, `_place_pass`) in Triton's interpreter on CPU tensors: the
+On a CPU host `tests/conftest.py` sets TRITON_INTERPRET=1, so the "triton"
+implementation runs the extraction kernel (`_chunk_pass`, `_place_pass`) in Triton's interpreter on CPU tensors: the
 same kernel source CUDA hosts compile. (On a CUDA host these run compiled; the
 `gpu` tests in test_gpu.py add the CUDA-only checks.) Both paths are compared
 through what the host decodes, since slot numbers may differ between them.
@@ -23,8 +23,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = ExtractionSettings(kernel_chunk=128)
 
 
-def decoded(logits, layout, use_triton, settings=SMALL, padded=False):
-    mask = extract_support(logits, layout, use_triton=use_triton, settings=settings)
+def decoded(logits, layout, implementation, settings=SMALL, padded=False):
+    mask = extract_support(logits, layout, implementation=implementation, settings=settings)
     block = mask.block.cpu().numpy()
     host = decode(block, layout, mask.row_of(), np.ones(layout.rows))
     return (host, layout.views(block)[1].copy()) if padded else host
@@ -63,15 +63,18 @@ def test_kernel_equals_torch_and_isfinite_on_hostile_rows(seed, chunk):
     layout = MaskLayout(rows, layout.width, rows, vocab)    # a slot for every wide row
     want = expected_rows(logits)
     settings = ExtractionSettings(kernel_chunk=chunk)
-    kernel, kernel_ids = decoded(logits, layout, True, settings, padded=True)
-    torch_path, torch_ids = decoded(logits, layout, False, settings, padded=True)
-    assert np.array_equal(kernel.counts, torch_path.counts)
+    kernel, kernel_ids = decoded(logits, layout, "triton", settings, padded=True)
     assert kernel.counts.tolist() == [len(w) for w in want]
-    assert set(kernel.wide) == set(torch_path.wide) and kernel.wide, "no wide row tested"
-    for r in range(rows):
-        assert np.array_equal(kernel.row(r), want[r]), r
-        assert np.array_equal(torch_path.row(r), want[r]), r
-        assert np.array_equal(kernel_ids[r], torch_ids[r]), r
+    assert kernel.wide, "no wide row tested"
+    others = ["torch"] + (["host"] if DEVICE == "cpu" else [])
+    for implementation in others:
+        other, other_ids = decoded(logits, layout, implementation, settings, padded=True)
+        assert np.array_equal(kernel.counts, other.counts), implementation
+        assert set(kernel.wide) == set(other.wide), implementation
+        for r in range(rows):
+            assert np.array_equal(kernel.row(r), want[r]), r
+            assert np.array_equal(other.row(r), want[r]), (implementation, r)
+            assert np.array_equal(kernel_ids[r], other_ids[r]), (implementation, r)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -82,7 +85,7 @@ def test_kernel_reads_half_precision_and_strided_rows(dtype):
     view = wide[:, :700]                                     # row stride 900
     layout = plan_layout([8] * 9, 700)
     layout = MaskLayout(9, layout.width, 9, 700)
-    got = decoded(view.to(DEVICE), layout, use_triton=True)
+    got = decoded(view.to(DEVICE), layout, implementation="triton")
     for r, want in enumerate(expected_rows(logits)):
         assert np.array_equal(got.row(r), want)
 
@@ -93,7 +96,7 @@ def test_kernel_width_at_vocab_and_vocab_not_multiple_of_32():
     logits[3, 500:] = float("-inf")
     layout = plan_layout([vocab] * 8, vocab)          # top_k >= V: no top-k
     assert layout.width == vocab                        # the size limit exceeds V
-    got = decoded(logits.to(DEVICE), layout, use_triton=True)
+    got = decoded(logits.to(DEVICE), layout, implementation="triton")
     for r, want in enumerate(expected_rows(logits)):
         assert np.array_equal(got.row(r), want)
 
@@ -103,7 +106,7 @@ def test_kernel_marks_wide_rows_beyond_the_slots_lost():
     logits = torch.zeros(6, vocab)
     logits[:, ::2] = float("-inf")                    # 1024 kept per row, top-k 4
     layout = MaskLayout(6, 4 + 16, 2, vocab)
-    mask = extract_support(logits.to(DEVICE), layout, use_triton=True, settings=SMALL)
+    mask = extract_support(logits.to(DEVICE), layout, implementation="triton", settings=SMALL)
     meta = mask.block[: 6 * 3].view(6, 3).cpu()
     assert (meta[:, 1] == NO_SLOT).sum() == 4
     got = decode(mask.block.cpu().numpy(), layout, np.arange(6), np.ones(6))
@@ -129,7 +132,7 @@ def test_kernel_extracts_only_the_selected_rows():
 
 def test_empty_batch():
     layout = plan_layout([], 100)
-    mask = extract_support(torch.zeros(0, 100, device=DEVICE), layout, use_triton=True)
+    mask = extract_support(torch.zeros(0, 100, device=DEVICE), layout, implementation="triton")
     assert mask.block.numel() == layout.numel
 
 
@@ -173,7 +176,7 @@ def test_warm_up_runs_every_variant_and_the_kernel_stays_exact_after():
     assert len(keys) == 5       # per dtype two first-pass variants; one second pass
     logits = hostile_logits(5, vocab, 8, seed=11).to(DEVICE)
     layout = MaskLayout(5, 24, 5, vocab)
-    got = decoded(logits, layout, use_triton=True)
+    got = decoded(logits, layout, implementation="triton")
     for r, want in enumerate(expected_rows(logits)):
         assert np.array_equal(got.row(r), want), r
 
@@ -193,7 +196,7 @@ def test_kernel_at_real_vocabulary_and_default_chunk():
     x[3] = float("-inf")
     x[3, vocab - 1] = 0.0
     layout = plan_layout([top_k] * 4, vocab)
-    got = decoded(x.to(DEVICE), layout, use_triton=True, settings=ExtractionSettings())
+    got = decoded(x.to(DEVICE), layout, implementation="triton", settings=ExtractionSettings())
     assert got.wide == {1}
     for r, want in enumerate(expected_rows(x)):
         assert got.counts[r] == len(want), r
@@ -201,8 +204,9 @@ def test_kernel_at_real_vocabulary_and_default_chunk():
         assert got.problem(r, int(want[0])) is None, r
 
 
-@pytest.mark.parametrize("use_triton", [True, False])
-def test_rows_over_the_size_limit_take_no_wide_row_slot(use_triton):
+@pytest.mark.parametrize("implementation", ["triton", "torch"]
+                         + (["host"] if DEVICE == "cpu" else []))
+def test_rows_over_the_size_limit_take_no_wide_row_slot(implementation):
     """A row wider than --max-sampling-mask-size is an error whatever happens:
     it must not take the only slot from a row that ties past W within the limit."""
     vocab = 2000
@@ -210,7 +214,7 @@ def test_rows_over_the_size_limit_take_no_wide_row_slot(use_triton):
     logits[0, :1500] = 0.0                    # over the limit of 1000
     logits[1, 100:700] = 0.0                  # 600 ties: wide, within the limit
     layout = MaskLayout(2, 20, 1, vocab, max_size=1000)
-    got = decoded(logits.to(DEVICE), layout, use_triton)
+    got = decoded(logits.to(DEVICE), layout, implementation)
     assert got.wide == {1} and not got.lost
     assert got.row(1).tolist() == list(range(100, 700)) and got.problem(1, 100) is None
     assert "--max-sampling-mask-size 1000" in got.problem(0, 0)

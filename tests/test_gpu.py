@@ -82,8 +82,8 @@ def test_compiled_kernel_equals_torch_path_at_real_vocabulary(rows, top_k):
     logits = _processed(rows, VOCAB, top_k)
     base = plan_layout([top_k] * rows, VOCAB)
     layout = MaskLayout(rows, base.width, rows, VOCAB)
-    kernel = extract_support(logits, layout, use_triton=True)
-    reference = extract_support(logits, layout, use_triton=False)
+    kernel = extract_support(logits, layout, implementation="triton")
+    reference = extract_support(logits, layout, implementation="torch")
     torch.cuda.synchronize()
     got = decode(kernel.block.cpu().numpy(), layout, np.arange(rows), np.ones(rows))
     want = decode(reference.block.cpu().numpy(), layout, np.arange(rows), np.ones(rows))
@@ -111,7 +111,7 @@ def test_copy_reads_its_block_even_when_the_main_stream_reuses_memory():
     rows, top_k = 256, 50
     logits = _processed(rows, VOCAB, top_k, seed=1)
     layout = plan_layout([top_k] * rows, VOCAB)
-    want = decode(extract_support(logits, layout, use_triton=False).block.cpu().numpy(),
+    want = decode(extract_support(logits, layout, implementation="torch").block.cpu().numpy(),
                   layout, np.arange(rows), np.ones(rows))
     pool, copy_stream, main = PinnedPool(), torch.cuda.Stream(), torch.cuda.current_stream()
     gate = Gate()

@@ -7,7 +7,8 @@ import torch
 from vllm_sampling_mask import SamplingMask
 from vllm_sampling_mask.accumulator import MaskAccumulator
 from vllm_sampling_mask.extraction import (DEFAULT_SETTINGS, ExtractionSettings,
-                                           extract_selected, extract_support, plan_layout)
+                                           MaskLayout, extract_selected, extract_support,
+                                           plan_layout, plan_step)
 from vllm_sampling_mask.transport import MaskCopy
 from vllm_sampling_mask.validation import DEFAULT_MAX_SIZE, resolve_request, startup_errors
 
@@ -281,9 +282,84 @@ def test_batches_of_several_chunks_are_extracted_whole():
     logits = _processed(rows=9, vocab=vocab, k=7, seed=4)
     two_rows = ExtractionSettings(chunk_elements=2 * vocab)     # two rows per chunk
     for wanted in (np.ones(9, bool), np.arange(9) % 2 == 0):
-        mask = extract_selected(logits, np.full(9, 7), wanted, max_size=4096,
-                                settings=two_rows)
+        layout, rows = plan_step(np.full(9, 7), wanted, vocab, max_size=4096)
+        mask = extract_support(logits, layout, rows, implementation="torch",
+                               settings=two_rows)
         host = MaskCopy(mask, pool=None).result(np.ones(9))
         for r in np.flatnonzero(wanted):
             assert host.row(r).tolist() == \
                 torch.nonzero(torch.isfinite(logits[r])).view(-1).tolist()
+
+
+def _every_problem_kind(seed):
+    """A step's host masks whose rows have every kind of problem `problem` reports:
+    rows over the size limit, wide rows without a slot, empty rows, NaN support
+    logprobs aside (tests/test_support_logprobs.py), plus rows that are fine."""
+    g = torch.Generator().manual_seed(seed)
+    vocab, rows = 300, 12
+    logits = torch.randn(rows, vocab, generator=g)
+    kth = logits.topk(6, dim=-1).values[:, -1:]
+    logits = logits.masked_fill(logits < kth, float("-inf"))
+    logits[1] = float("-inf")                        # nothing kept
+    logits[2, :200] = 0.0                            # over the limit of 100
+    logits[3, 50:80] = 0.0                           # ties past W: takes the one slot
+    logits[4, 100:140] = 0.0                         # ties past W: no slot left
+    layout = MaskLayout(rows, 20, 1, vocab, max_size=100)
+    sampled = np.ones(rows, dtype=np.int64)
+    sampled[5] = 0                                   # sampled nothing: count 0
+    return logits, MaskCopy(extract_support(logits, layout), pool=None).result(sampled)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_suspects_flag_exactly_the_rows_problem_reports(seed):
+    """The scheduler asks `problem` only for the rows `suspects` flags, so
+    `suspects` must flag every row `problem` reports (and, being exact, no other)."""
+    logits, host = _every_problem_kind(seed)
+    rng = np.random.default_rng(seed)
+    rows, tokens = [], []
+    for r in range(len(logits)):
+        support = torch.nonzero(torch.isfinite(logits[r])).view(-1).tolist()
+        outside = [t for t in range(logits.shape[1]) if t not in support]
+        for token in ([rng.choice(support)] if support else []) + [rng.choice(outside)]:
+            rows.append(r)
+            tokens.append(int(token))
+    suspects = host.suspects(np.array(rows), np.array(tokens))
+    want = [host.problem(r, t) is not None for r, t in zip(rows, tokens)]
+    assert suspects.tolist() == want
+    assert any(want) and not all(want)
+    assert host.suspects(np.array([0]), np.array([-1])).tolist() == [True]
+
+
+def test_wire_rows_are_the_bytes_of_each_rows_support():
+    logits, host = _every_problem_kind(0)
+    wire = host.wire()
+    for r in (0, 3, 6, 11):                          # fine rows and a wide row
+        ids, counts, logprobs, log_kept = wire.of(r)
+        assert np.frombuffer(ids, "<i4").tolist() == host.row(r).tolist()
+        assert np.frombuffer(counts, "<i4").tolist() == [len(host.row(r))]
+        assert logprobs is None and log_kept is None
+
+
+def test_accumulator_takes_the_wire_bytes_and_joins_them_when_read():
+    """What the output processor appends are the engine core's bytes; a mask read
+    between appends (a stream) sees exactly the tokens so far."""
+    acc = MaskAccumulator(with_logprobs=True)
+    rows = [[1, 2, 3], [4], list(range(300)), [7, 8]]
+    seen = []
+    for i, r in enumerate(rows):
+        ids = np.array(r, "<i4")
+        acc.append(ids.tobytes(), np.array([len(r)], "<i4").tobytes(),
+                   np.full(len(r), -i, "<f4").tobytes(), np.array([-0.5 * i], "<f4").tobytes())
+        if i % 2:
+            delta = acc.mask(len(acc) - 1, len(acc))
+            seen.append(delta.token_ids[0])
+            assert delta.logprobs.tolist() == [-i] * len(r)
+    whole = acc.mask()
+    assert whole.token_ids == rows and seen == [rows[1], rows[3]]
+    assert whole.log_kept.tolist() == [0.0, -0.5, -1.0, -1.5]
+    with pytest.raises(ValueError, match="support logprobs"):
+        acc.append(b"\x01\x00\x00\x00", b"\x01\x00\x00\x00", b"", b"")
+    bad = MaskAccumulator()
+    bad.append(np.array([1, 2], "<i4").tobytes(), np.array([3], "<i4").tobytes())
+    with pytest.raises(ValueError, match="add up to 3"):
+        bad.mask()

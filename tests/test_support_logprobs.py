@@ -137,3 +137,6 @@ def test_nan_logits_end_only_their_row_and_asking_is_not_read_from_the_values():
     assert "NaN" in host.problem(0, token)
     assert host.problem(1, int(host.row(1)[0])) is None
     assert np.isfinite(host.row_logprobs(1)).all()
+    # the scheduler's vectorised check flags the NaN row, and only it
+    tokens = [int(host.row(i)[0]) for i in range(3)]
+    assert host.suspects(np.arange(3), np.array(tokens)).tolist() == [True, False, False]

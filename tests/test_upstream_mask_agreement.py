@@ -56,7 +56,7 @@ def upstream_supports(logits: torch.Tensor, max_num_kept: int) -> list[list[int]
 
 def overlay_supports(logits: torch.Tensor, top_k: np.ndarray) -> list[list[int]]:
     layout = plan_layout(top_k, logits.shape[1], max_size=logits.shape[1])
-    mask = extract_support(logits, layout, use_triton=True,
+    mask = extract_support(logits, layout, implementation="triton",
                            settings=ExtractionSettings(kernel_chunk=512))
     host = decode(mask.block.cpu().numpy(), layout, mask.row_of(), np.ones(layout.rows))
     return SamplingMask(host.ids, host.offsets).token_ids

@@ -1,8 +1,12 @@
 """Per-request accumulation of supports in the output processor.
 
 Plain module (numpy). Supports arrive a few tokens at a time (one engine-core
-output per step); appending is amortised O(new ids), and any span of tokens is
-returned as a `SamplingMask` without copying the ids.
+output per step), as the engine core's bytes (int32 ids and counts, float32
+support logprobs) or as arrays. `append` only keeps a reference (a list append:
+the output processor makes one per request per step, so it must cost next to
+nothing); the next `mask` joins what arrived since the last one into the flat
+arrays in one go (one `bytes.join` and one `np.frombuffer` per field), and
+returns any span of tokens as a `SamplingMask` without copying the ids.
 
 A request that never asked for its mask (switch null) may lose it at a step the
 mask cannot describe (`stop`): from that token on there is no mask, only the
@@ -17,6 +21,18 @@ import numpy as np
 from vllm_sampling_mask.sampling_mask import SamplingMask
 
 
+def _nbytes(buffer) -> int:
+    return buffer.nbytes if isinstance(buffer, np.ndarray) else len(buffer)
+
+
+def _raw(values, dtype) -> bytes | np.ndarray:
+    """`values` as a buffer of `dtype` items (little-endian, as the wire carries
+    them): bytes as they came, arrays converted (no copy when they already are)."""
+    if isinstance(values, (bytes, bytearray, memoryview)):
+        return values
+    return np.ascontiguousarray(values, dtype=dtype).reshape(-1)
+
+
 class MaskAccumulator:
     """`with_logprobs`: the request asked for support logprobs; each `append`
     then carries them (float32 aligned with the ids, and log S per token)."""
@@ -24,21 +40,24 @@ class MaskAccumulator:
     def __init__(self, with_logprobs: bool = False) -> None:
         self._ids = np.empty(256, dtype=np.int32)
         self._offsets = np.zeros(64, dtype=np.int64)
-        self._tokens = 0
+        self._tokens = 0                 # tokens in the flat arrays
         self.with_logprobs = with_logprobs
         self._logprobs = np.empty(256 if with_logprobs else 0, dtype=np.float32)
         self._log_kept = np.empty(64 if with_logprobs else 0, dtype=np.float32)
+        # appended, not yet in the flat arrays: one list per field, and their tokens
+        self._pending: tuple[list, list, list, list] = ([], [], [], [])
+        self._pending_tokens = 0
         self.reason: str | None = None   # why the mask stopped (None: it did not)
         self._unmasked = 0               # tokens counted after the stop
 
     def __len__(self) -> int:
         """Tokens so far, those after a stop included."""
-        return self._tokens + self._unmasked
+        return self._tokens + self._pending_tokens + self._unmasked
 
     @property
     def stopped_at(self) -> int | None:
         """The first token without a mask, or None while every token has one."""
-        return None if self.reason is None else self._tokens
+        return None if self.reason is None else self._tokens + self._pending_tokens
 
     def stop(self, reason: str) -> None:
         """No mask from the next token on (the first reason is kept)."""
@@ -51,19 +70,43 @@ class MaskAccumulator:
             raise ValueError("MaskAccumulator.skip: the mask has not stopped")
         self._unmasked += n
 
-    def append(self, ids: np.ndarray, counts: np.ndarray, logprobs: np.ndarray | None = None,
-               log_kept: np.ndarray | None = None) -> None:
+    def append(self, ids, counts, logprobs=None, log_kept=None) -> None:
         """Add the supports of `len(counts)` more tokens (ids concatenated), with
-        their support logprobs when the request asked for them."""
+        their support logprobs when the request asked for them: int32 ids and
+        counts, float32 logprobs and log S, as arrays or their bytes."""
         if self.reason is not None:
             raise ValueError("MaskAccumulator.append: the mask has stopped ("
                              f"{self.reason}); count later tokens with skip")
+        ids, counts = _raw(ids, "<i4"), _raw(counts, "<i4")
+        k, n = _nbytes(ids) // 4, _nbytes(counts) // 4
+        ids_, counts_, logprobs_, log_kept_ = self._pending
+        if self.with_logprobs:
+            if logprobs is None or log_kept is None:
+                raise ValueError(f"MaskAccumulator: {k} ids and {n} tokens need as many "
+                                 "support logprobs and log S values")
+            logprobs, log_kept = _raw(logprobs, "<f4"), _raw(log_kept, "<f4")
+            if _nbytes(logprobs) != 4 * k or _nbytes(log_kept) != 4 * n:
+                raise ValueError(f"MaskAccumulator: {k} ids and {n} tokens need as many "
+                                 "support logprobs and log S values")
+            logprobs_.append(logprobs)
+            log_kept_.append(log_kept)
+        ids_.append(ids)
+        counts_.append(counts)
+        self._pending_tokens += n
+
+    def _flush(self) -> None:
+        """Join what `append` kept into the flat arrays (amortised O(new ids))."""
+        if not self._pending[1]:
+            return
+        ids, counts, logprobs, log_kept = (
+            np.frombuffer(b"".join(parts), dtype=dtype) if parts else None
+            for parts, dtype in zip(self._pending, ("<i4", "<i4", "<f4", "<f4")))
+        self._pending = ([], [], [], [])
         n, k = len(counts), len(ids)
+        if counts.sum() != k:
+            raise ValueError(f"MaskAccumulator: counts add up to {int(counts.sum())}, "
+                             f"not the {k} ids appended")
         start = self._offsets[self._tokens]
-        if self.with_logprobs and (logprobs is None or log_kept is None
-                                   or len(logprobs) != k or len(log_kept) != n):
-            raise ValueError(f"MaskAccumulator: {k} ids and {n} tokens need as many "
-                             "support logprobs and log S values")
         if start + k > len(self._ids):
             self._ids = np.resize(self._ids, max(2 * len(self._ids), start + k))
             if self.with_logprobs:
@@ -80,10 +123,12 @@ class MaskAccumulator:
         np.cumsum(counts, out=self._offsets[self._tokens + 1:self._tokens + n + 1])
         self._offsets[self._tokens + 1:self._tokens + n + 1] += start
         self._tokens += n
+        self._pending_tokens = 0
 
     def mask(self, first: int = 0, last: int | None = None) -> SamplingMask | None:
         """The supports of tokens [first, last) as a SamplingMask; None when the
         span reaches a token past a stop (`reason` says why)."""
+        self._flush()
         last = len(self) if last is None else last
         if self.reason is not None and (last > self._tokens or first >= self._tokens):
             return None

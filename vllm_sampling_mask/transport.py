@@ -142,6 +142,66 @@ class StepMasks:
         return None
 
 
+    def suspects(self, batch_rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """For batch rows whose request wants a mask, each with the token it kept:
+        True where `problem` may have something to say; False where it certainly
+        has not. One pass of array operations over the step, not a call per row:
+        the caller asks `problem` only for the (rare) suspects."""
+        r = self.row_of[np.asarray(batch_rows, dtype=np.int64)]
+        tokens = np.asarray(tokens, dtype=np.int64)
+        counts = self.counts[r]
+        bad = ((r >= len(self.counts) - self.idle) | (counts > self.max_size)
+               | (counts == 0) | (tokens < 0))
+        if self.lost:
+            bad |= np.isin(r, list(self.lost))
+        # Each row's ids ascend and rows follow in order, so (row, id) keys ascend:
+        # one search finds every kept token in its row's support.
+        stored = np.diff(self.offsets)
+        owner = np.repeat(np.arange(len(stored), dtype=np.int64), stored)
+        keys = (owner << 32) | self.ids.astype(np.int64)
+        wanted = (r << 32) | tokens
+        at = np.minimum(np.searchsorted(keys, wanted), max(len(keys) - 1, 0))
+        bad |= (keys[at] != wanted) if len(keys) else True
+        if self.asked_rows is not None:
+            nan_rows = np.isnan(self.log_kept)
+            nan_ids = np.isnan(self.logprobs)
+            if nan_ids.any():
+                nan_rows = nan_rows | (np.bincount(owner[nan_ids],
+                                                   minlength=len(stored)) > 0)
+            bad |= self.asked_rows[r] & nan_rows[r]
+        return bad
+
+    def wire(self) -> "WireRows":
+        return WireRows(self)
+
+
+class WireRows:
+    """A step's masks as the bytes each engine-core output carries (`wire`):
+    the flat arrays turned to bytes once per step, so one request's rows are
+    byte slices (no per-request array, no per-request encoder hook)."""
+
+    def __init__(self, masks: StepMasks) -> None:
+        self._row_of = masks.row_of.tolist()
+        self._offsets = masks.offsets.tolist()
+        self._ids = masks.ids.astype("<i4", copy=False).tobytes()
+        self._counts = masks.counts.astype("<i4", copy=False).tobytes()
+        self._asked = None
+        if masks.asked_rows is not None:
+            self._asked = masks.asked_rows.tolist()
+            self._logprobs = masks.logprobs.astype("<f4", copy=False).tobytes()
+            self._log_kept = masks.log_kept.astype("<f4", copy=False).tobytes()
+
+    def of(self, batch_row: int):
+        """(ids, counts, logprobs, log_kept) bytes of one batch row's single
+        token (logprobs and log_kept None unless it asked)."""
+        r = self._row_of[batch_row]
+        a, b = 4 * self._offsets[r], 4 * self._offsets[r + 1]
+        ids, counts = self._ids[a:b], self._counts[4 * r: 4 * r + 4]
+        if self._asked is None or not self._asked[r]:
+            return ids, counts, None, None
+        return ids, counts, self._logprobs[a:b], self._log_kept[4 * r: 4 * r + 4]
+
+
 def unpack_wide_row(head: np.ndarray, words: np.ndarray, start_word: int) -> np.ndarray:
     """The support of a wide row: its first W ids `head`, then every set bit of
     `words[start_word:]` above `head[-1]`. Linear in the size of `words`."""

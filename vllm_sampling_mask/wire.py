@@ -5,7 +5,10 @@
 writes them. The client must decode with `MaskedEngineCoreOutputs`: a decoder
 built for the base type silently drops trailing fields.
 
-Per output, for its `new_token_ids` (one token per step without speculation):
+Per output, for its `new_token_ids` (one token per step without speculation),
+the bytes of its rows of the step's flat block (little-endian, as numpy lays
+them out; raw bytes cost msgspec nothing to encode and decode, where an array
+field goes through vLLM's encoder hooks twice per output per step):
     sampling_mask_ids     int32 [sum of counts], supports concatenated
     sampling_mask_counts  int32 [len(new_token_ids)]
     sampling_mask_error   why the mask path ended this request (its
@@ -22,16 +25,15 @@ Per output, for its `new_token_ids` (one token per step without speculation):
 
 from __future__ import annotations
 
-import numpy as np
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 
 
 class MaskedEngineCoreOutput(EngineCoreOutput):
-    sampling_mask_ids: np.ndarray | None = None
-    sampling_mask_counts: np.ndarray | None = None
+    sampling_mask_ids: bytes | None = None
+    sampling_mask_counts: bytes | None = None
     sampling_mask_error: str | None = None
-    sampling_mask_logprobs: np.ndarray | None = None
-    sampling_mask_log_kept: np.ndarray | None = None
+    sampling_mask_logprobs: bytes | None = None
+    sampling_mask_log_kept: bytes | None = None
     sampling_mask_reason: str | None = None
 
 

@@ -6,7 +6,9 @@ What: in `vllm/v1/engine/output_processor.py`, declares
     None; it keeps the support logprobs too for requests that asked,
     `validation.wants_support_logprobs`) and `RequestState.sampling_mask_error`; wraps
     `OutputProcessor.process_outputs` to append each engine-core output's
-    supports to its request's accumulator before upstream handles the output
+    supports (the engine core's bytes, kept by reference: the accumulator joins
+    them when a `CompletionOutput` reads its mask) to its request's accumulator
+    before upstream handles the output
     (a masked request's output with tokens but no mask raises
     `MissingSamplingMaskError`; a mask error from the engine core is kept),
     and `RequestState._new_completion_output` to set `sampling_mask` and

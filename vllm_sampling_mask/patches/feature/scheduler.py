@@ -5,7 +5,10 @@ What: in `vllm/v1/core/sched/scheduler.py`, makes the scheduler build
     wraps `Scheduler.update_from_output`: after upstream has cut each
     request's new tokens (stop tokens, max_tokens, preemption, aborts), each
     output of a request that wants a mask gets the support of exactly the
-    token it kept (others get none). A row that cannot
+    token it kept (others get none), as byte slices of the step's flat arrays
+    (`transport.WireRows`: the arrays turn to bytes once a step; raw bytes cost
+    the engine core's encoder nothing per output). The step's rows are checked
+    at once (`StepMasks.suspects`); only a suspect row is looked at alone. A row that cannot
     describe its draw exactly (a wide row that found no slot, an empty
     support, a sampled token outside its support, more than one token, or
     anything unexpected) ends *that request* with finish reason ERROR and
@@ -70,62 +73,66 @@ def apply(module, release: Release) -> None:
         requests = dict(self.requests)
         outputs = wrapped(*args, **kwargs)
         masks = model_runner_output.sampling_mask_step
-        index = model_runner_output.req_id_to_index
+        with_tokens = [out for engine_outputs in outputs.values()
+                       for out in engine_outputs.outputs if out.new_token_ids]
+        if not with_tokens:
+            return outputs
+        if masks is None:
+            raise MissingSamplingMaskError(
+                "Scheduler.update_from_output",
+                f"request {with_tokens[0].request_id} got tokens but "
+                "ModelRunnerOutput.sampling_mask_step is None")
         failed = []
-        for engine_outputs in outputs.values():
-            for out in engine_outputs.outputs:
-                if not out.new_token_ids:
-                    continue
-                if masks is None:
-                    raise MissingSamplingMaskError(
-                        "Scheduler.update_from_output",
-                        f"request {out.request_id} got tokens but "
-                        "ModelRunnerOutput.sampling_mask_step is None")
-                try:
-                    problem = _attach(out, masks, index[out.request_id])
-                except MissingSamplingMaskError:
-                    raise
-                except Exception as exc:  # one request's bad row, not the engine's
-                    logger.exception("sampling mask: request %s", out.request_id)
-                    problem = f"internal error while slicing its mask: {exc!r}"
-                if problem is None:
-                    continue
-                request = requests.get(out.request_id)
-                if (request is not None and request.sampling_params is not None
-                        and mask_is_optional(request.sampling_params)):
-                    # never asked for: serve on without a mask, never end the request
-                    logger.info("sampling mask: request %s goes on without a mask: %s",
-                                out.request_id, problem)
-                    drop(out, problem)
-                else:
-                    fail(out, problem)
-                    failed.append(out.request_id)
+        for out, problem in _attach(with_tokens, masks, model_runner_output.req_id_to_index,
+                                    logger):
+            request = requests.get(out.request_id)
+            if (request is not None and request.sampling_params is not None
+                    and mask_is_optional(request.sampling_params)):
+                # never asked for: serve on without a mask, never end the request
+                logger.info("sampling mask: request %s goes on without a mask: %s",
+                            out.request_id, problem)
+                drop(out, problem)
+            else:
+                fail(out, problem)
+                failed.append(out.request_id)
         if failed:
             self.finish_requests(failed, RequestStatus.FINISHED_ERROR)
         return outputs
 
 
-def _attach(out: MaskedEngineCoreOutput, masks, row: int) -> str | None:
-    """Put row `row` of the step's masks on `out` (if its request wants one); or
-    say why it cannot."""
-    if not isinstance(out, MaskedEngineCoreOutput):
-        raise MissingSamplingMaskError(
-            "Scheduler.update_from_output", f"the output of request {out.request_id} "
-            f"is a {type(out).__name__}, which has no mask fields")
-    if not masks.wants(row):
-        return None   # this request asked for no mask
-    if len(out.new_token_ids) != 1:
-        return (f"{len(out.new_token_ids)} tokens in one step; without speculative "
-                "decoding the sampler draws one")
-    problem = masks.problem(row, out.new_token_ids[0])
-    if problem is not None:
-        return problem
-    support = masks.row(row)
-    out.sampling_mask_ids = np.ascontiguousarray(support, dtype=np.int32)
-    out.sampling_mask_counts = np.array([len(support)], dtype=np.int32)
-    if masks.asked(row):   # support logprobs, aligned with the ids
-        out.sampling_mask_logprobs = np.ascontiguousarray(masks.row_logprobs(row),
-                                                          dtype=np.float32)
-        out.sampling_mask_log_kept = np.array([masks.log_kept[masks.row_of[row]]],
-                                              dtype=np.float32)
-    return None
+def _attach(outs: list, masks, index: dict, logger) -> list:
+    """Put, on each output (with tokens) of a request that wants a mask, the bytes
+    of its row of the step's masks; return (output, problem) for those whose row
+    cannot describe their draw. The checks run over the step's rows at once
+    (`StepMasks.suspects`); only a suspect row is looked at alone."""
+    for out in outs:
+        if not isinstance(out, MaskedEngineCoreOutput):
+            raise MissingSamplingMaskError(
+                "Scheduler.update_from_output", f"the output of request {out.request_id} "
+                f"is a {type(out).__name__}, which has no mask fields")
+    rows = np.fromiter((index[out.request_id] for out in outs), np.int64, len(outs))
+    wanted = np.flatnonzero(masks.row_of[rows] >= 0)   # the others asked for no mask
+    if not len(wanted):
+        return []
+    tokens = np.fromiter((outs[j].new_token_ids[0] for j in wanted), np.int64, len(wanted))
+    suspects = masks.suspects(rows[wanted], tokens).tolist()
+    wire = masks.wire()
+    problems = []
+    for j, suspect in zip(wanted.tolist(), suspects):
+        out, row = outs[j], int(rows[j])
+        try:
+            problem = None
+            if len(out.new_token_ids) != 1:
+                problem = (f"{len(out.new_token_ids)} tokens in one step; without "
+                           "speculative decoding the sampler draws one")
+            elif suspect:
+                problem = masks.problem(row, out.new_token_ids[0])
+            if problem is None:
+                (out.sampling_mask_ids, out.sampling_mask_counts,
+                 out.sampling_mask_logprobs, out.sampling_mask_log_kept) = wire.of(row)
+        except Exception as exc:  # one request's bad row, not the engine's
+            logger.exception("sampling mask: request %s", out.request_id)
+            problem = f"internal error while slicing its mask: {exc!r}"
+        if problem is not None:
+            problems.append((out, problem))
+    return problems
