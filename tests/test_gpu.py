@@ -203,15 +203,19 @@ def test_no_compile_after_warm_up_across_batch_shapes():
 def test_the_profiling_run_compiles_every_variant_a_step_launches():
     """The runners' memory-profiling run (`SamplingMaskState.profiling`) warms the
     kernels up for the logits it extracts from: later steps compile nothing."""
-    from vllm_sampling_mask.state import SamplingMaskState
+    from vllm_sampling_mask.worker import plan as plans
+    from vllm_sampling_mask.worker.state import SamplingMaskState
     state = SamplingMaskState(max_num_reqs=64, max_size=4096)
     logits = torch.randn(64, VOCAB, device="cuda")
-    with state.profiling():   # MRv2's profiling batch: the model's bf16 logits, unprocessed
-        state.extract(logits.bfloat16(), np.zeros(64, np.int64), np.ones(64, bool))
+    with state.profiling() as step:   # MRv2's profiling batch: the model's bf16 logits
+        step.planned("Sampler.sample", 64, normalise=True)
+        step.capture.record(logits.bfloat16())
+        step.extract("Sampler.sample", logits.bfloat16())
     torch.cuda.synchronize()
     before = _compiled_variants()
     for rows, k in ((1, 5), (3, 50), (17, 1000), (64, VOCAB)):
         wanted = np.arange(rows) % 2 == 0
-        state.extract(logits[:rows], np.full(rows, k), wanted)     # processed: float32
+        plan = plans.plan(wanted, np.zeros(rows, bool), np.full(rows, k))
+        state.extract(plan, logits[:rows])     # processed: float32
     torch.cuda.synchronize()
     assert _compiled_variants() == before

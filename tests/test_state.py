@@ -1,4 +1,5 @@
-"""`SamplingMaskState`: the runner's one owner of the mask's per-step state."""
+"""The runner side (`vllm_sampling_mask.worker`): the per-request flags, the step plan,
+the step that carries one sampler call's mask, and the state that holds them."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import torch
 
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.extraction import ExtractionSettings
-from vllm_sampling_mask.state import SamplingMaskState
 from vllm_sampling_mask.transport import MaskCopy
+from vllm_sampling_mask.worker import plan as plans
+from vllm_sampling_mask.worker.capture import ScaledCapture, shadowing
+from vllm_sampling_mask.worker.requests import MaskRequests
+from vllm_sampling_mask.worker.state import SamplingMaskState
 from vllm_sampling_mask.validation import MASK_ARG
 
 
@@ -19,7 +23,7 @@ class Params:
 
 
 def test_wants_follow_adds_removes_moves_and_swaps_like_a_batch():
-    state = SamplingMaskState(max_num_reqs=6, max_size=64)
+    state = MaskRequests(max_num_reqs=6)
     rows: list[str | None] = [None] * 6           # the batch's request per row
     wants = {"a": True, "b": True, "c": False, "d": True}
     # step 1: a, b, c added at rows 0..2
@@ -38,42 +42,78 @@ def test_wants_follow_adds_removes_moves_and_swaps_like_a_batch():
 
 
 def test_a_request_without_the_decision_wants_no_mask():
-    state = SamplingMaskState(4, 64)
-    state.add_request(1, Params(None))
-    state.add_request(2, None)
+    state = MaskRequests(4)
+    state.add(1, Params(None))
+    state.add(2, None)
     assert not state.wants.any()
-    state.add_request(3, Params(True))
-    state.remove_request(3)
+    state.add(3, Params(True))
+    state.remove(3)
     assert not state.wants.any()
 
 
-def test_take_names_the_hop_and_hand_offs_are_one_shot():
+def test_a_step_is_open_only_around_its_call_and_each_stage_names_its_hop():
     state = SamplingMaskState(4, 64)
-    with pytest.raises(MissingSamplingMaskError, match="at Sampler.__call__"):
-        state.mask.take("Sampler.__call__")
-    with pytest.raises(MissingSamplingMaskError, match="at V1 Sampler.sample"):
-        state.take_top_k("V1 Sampler.sample", 2)
-    state.stage_top_k(np.array([5, 0]))
-    with pytest.raises(MissingSamplingMaskError, match="top-k for 3 rows"):
-        state.take_top_k("V1 Sampler.sample", 3)
-    with pytest.raises(MissingSamplingMaskError, match="at Sampler.sample.*discarded rows"):
-        state.take_discarded("Sampler.sample", 2)
-    state.stage_discarded(np.array([True, False]))
-    with pytest.raises(MissingSamplingMaskError, match="discarded rows for 3 rows"):
-        state.take_discarded("Sampler.sample", 3)
-    state.stage_discarded(np.array([True, False]))
-    assert state.take_discarded("Sampler.sample", 2).tolist() == [True, False]
-    with pytest.raises(MissingSamplingMaskError, match="discarded rows"):
-        state.take_discarded("Sampler.sample", 2)   # one-shot
-    with pytest.raises(MissingSamplingMaskError, match="GPUModelRunner.sample_tokens"):
-        state.copy.take("GPUModelRunner.sample_tokens")
+    assert state.open is None
+    with state.step() as step:
+        assert state.open is step
+        with pytest.raises(MissingSamplingMaskError, match="at V1 Sampler.sample.*without a plan"):
+            step.planned("V1 Sampler.sample", 2)
+        with pytest.raises(MissingSamplingMaskError,
+                           match="at GPUModelRunner.sample.*without extracting"):
+            step.result("GPUModelRunner.sample")
+    assert state.open is None
+    with pytest.raises(RuntimeError):
+        with state.step():
+            raise RuntimeError
+    assert state.open is None                       # closed on the way out, whatever happens
     logits = torch.full((2, 50), float("-inf"))
     logits[0, :5] = 0.0
     logits[1, 7] = 0.0
-    state.mask.put(state.extract(logits, np.array([5, 1]), np.array([True, True])))
-    assert state.mask.pending
-    mask = state.mask.take("hop")
-    assert not state.mask.pending and mask.batch_rows == 2
+    plan = plans.plan(np.array([True, True]), np.zeros(2, bool), np.array([5, 1]))
+    with state.step(plan) as step:
+        with pytest.raises(MissingSamplingMaskError, match="plan is for 2 rows.*has 3"):
+            step.planned("Sampler.sample", 3)
+        with pytest.raises(MissingSamplingMaskError, match="at Sampler.__call__.*twice"):
+            step.set_plan("Sampler.__call__", plan)
+        assert step.planned("Sampler.sample", 2) is plan and step.capture is None
+        mask = step.extract("Sampler.sample", logits)
+        assert step.result("GPUModelRunner.sample") is mask and mask.batch_rows == 2
+    host = MaskCopy(mask, pool=None).result(np.ones(2))
+    assert host.row(0).tolist() == [0, 1, 2, 3, 4] and host.row(1).tolist() == [7]
+
+
+def test_support_logprobs_need_the_capture_and_shadowing_hands_it_over():
+    """A plan whose rows asked makes a capture for exactly those batch rows; the
+    sampler adapter shadows the call that holds the scaled logits for the length of
+    its own call; extracting without a recorded capture names the hop."""
+    state = SamplingMaskState(4, 64)
+    logits = _rows(64, [range(6), range(8), range(30, 34)])
+    plan = plans.plan(np.array([True, False, True]), np.array([False, False, True]),
+                      np.array([6, 8, 4]))
+    assert plan.capture_rows.tolist() == [2]
+
+    class Sampler:
+        @staticmethod
+        def apply_temperature(x):
+            return x
+
+    sampler = Sampler()
+    with state.step(plan) as step:
+        step.planned("V1 Sampler.sample", 3)
+        with pytest.raises(MissingSamplingMaskError, match="at V1 Sampler.sample.*scaled"):
+            step.extract("V1 Sampler.sample", logits)
+        capture = step.capture
+        with shadowing(sampler, "apply_temperature",
+                       lambda x: capture.record(Sampler.apply_temperature(x))):
+            sampler.apply_temperature(logits)
+        assert "apply_temperature" not in vars(sampler)     # restored
+        mask = step.extract("V1 Sampler.sample", logits)
+    assert mask.support_logprobs.rows.tolist() == [1]       # block rows: batch rows 0, 2
+    capture = ScaledCapture(np.array([0]))
+    capture.record(logits)
+    first = capture.scaled_top
+    capture.record(torch.zeros_like(logits))                 # the first record is kept
+    assert capture.scaled_top is first
 
 
 def test_profiling_is_the_worst_case_only_inside_and_settings_are_the_states():
@@ -84,13 +124,18 @@ def test_profiling_is_the_worst_case_only_inside_and_settings_are_the_states():
         with state.profiling():
             assert state.worst_case
             raise RuntimeError
-    assert not state.worst_case
+    assert not state.worst_case and state.open is None
     logits = torch.zeros(3, 50)
-    normal = state.extract(logits, np.array([20, 20, 20]), np.ones(3, bool))
-    with state.profiling():
-        worst = state.extract(logits, np.array([20, 20, 20]), np.ones(3, bool))
-    assert worst.layout != normal.layout
-    other = SamplingMaskState(4, 64).extract(logits, np.array([20, 20, 20]), np.ones(3, bool))
+    served = plans.plan(np.ones(3, bool), np.zeros(3, bool), np.array([20, 20, 20]))
+    normal = state.extract(served, logits)
+    with state.profiling() as step:              # the sampler plans every row, widest
+        plan = step.planned("V1 Sampler.sample", 3)
+        assert plan.worst_case and plan.rows is None and step.capture is not None
+        step.capture.record(logits)
+        worst = step.extract("V1 Sampler.sample", logits)
+    assert worst.layout != normal.layout and state.open is None
+    assert state.extractions == 1                # the profiling run is not served work
+    other = SamplingMaskState(4, 64).extract(served, logits)
     assert other.layout != normal.layout          # the tie margin is the state's own
 
 
@@ -116,14 +161,15 @@ def test_rows_whose_sample_is_discarded_are_not_extracted_and_decode_as_sampled_
     num_sampled = (~discarded).astype(np.int64)
 
     state = SamplingMaskState(8, 64)
-    mask = state.extract(logits, top_k, wants, discarded=discarded)
+    no_asks = np.zeros(5, bool)
+    mask = state.extract(plans.plan(wants, no_asks, top_k, discarded), logits)
     assert mask.rows.tolist() == [0, 3] and mask.idle.tolist() == [1, 4]
     assert mask.layout.rows == 2 and mask.layout.width == 5 + 16 and mask.layout.slots == 2
     assert (state.extractions, state.extracted_rows, state.idle_rows) == (1, 2, 2)
     host = MaskCopy(mask, pool=None).result(num_sampled)
 
     before = SamplingMaskState(8, 64)   # the runner reports nothing: every wanted row
-    old = before.extract(logits, top_k, wants)
+    old = before.extract(plans.plan(wants, no_asks, top_k), logits)
     assert old.layout.rows == 4 and old.layout.width == 64 and old.idle is None
     assert before.extracted_rows == 4 and before.idle_rows == 0
     old_host = MaskCopy(old, pool=None).result(num_sampled)
@@ -143,7 +189,7 @@ def test_rows_whose_sample_is_discarded_are_not_extracted_and_decode_as_sampled_
         assert "partial prefill" in host.problem(i, 3)
 
     # a step in which every row that wants a mask is discarded extracts nothing
-    none = state.extract(logits, top_k, wants, discarded=wants.copy())
+    none = state.extract(plans.plan(wants, no_asks, top_k, wants.copy()), logits)
     assert none.layout.rows == 0 and none.idle.tolist() == [0, 1, 3, 4]
     assert (state.extractions, state.extracted_rows, state.idle_rows) == (1, 2, 6)
     empty = MaskCopy(none, pool=None).result(np.zeros(5))
@@ -159,11 +205,12 @@ def test_a_discarded_row_takes_no_wide_row_slot():
     logits[:, :10] = 0.0                               # 10 tied ids, top_k 5
     top_k, wants = np.array([5, 5]), np.ones(2, bool)
     discarded, num_sampled = np.array([True, False]), np.array([0, 1])
-    old = MaskCopy(SamplingMaskState(4, 64, settings).extract(logits, top_k, wants),
-                   pool=None).result(num_sampled)
+    none_asked = np.zeros(2, bool)
+    old = MaskCopy(SamplingMaskState(4, 64, settings).extract(
+        plans.plan(wants, none_asked, top_k), logits), pool=None).result(num_sampled)
     assert "wide-row slot" in old.problem(1, 0)
     state = SamplingMaskState(4, 64, settings)
-    host = MaskCopy(state.extract(logits, top_k, wants, discarded=discarded),
+    host = MaskCopy(state.extract(plans.plan(wants, none_asked, top_k, discarded), logits),
                     pool=None).result(num_sampled)
     assert host.problem(1, 0) is None and host.row(1).tolist() == list(range(10))
     assert len(host.row(0)) == 0
@@ -174,16 +221,20 @@ def test_discarded_rows_record_no_support_logprobs_and_profiling_extracts_every_
     top_k, wants = np.array([6, 8, 4]), np.ones(3, bool)
     asked, discarded = np.ones(3, bool), np.array([False, True, False])
     state = SamplingMaskState(4, 64)
-    with state.capturing(asked & ~discarded):
-        state.capture_scaled(logits)
-    mask = state.extract(logits, top_k, wants, asked, discarded=discarded, normalise=True)
+    plan = plans.plan(wants, asked, top_k, discarded, normalise=True)
+    assert plan.capture_rows.tolist() == [0, 2]               # the discarded row records nothing
+    capture = ScaledCapture(plan.capture_rows)
+    capture.record(logits)
+    mask = state.extract(plan, logits, capture)
     assert mask.support_logprobs.rows.tolist() == [0, 1]     # block rows: batch rows 0, 2
     host = MaskCopy(mask, pool=None).result(np.array([1, 0, 1]))
     assert host.asked(0) and host.asked(2) and not host.asked(1)
     assert len(host.log_kept) == len(host.counts) == 3
     for i in (0, 2):
         assert np.isfinite(host.row_logprobs(i)).all() and host.problem(i, 30 * (i // 2)) is None
-    with state.profiling():   # the worst case: every row, whatever the runner discards
-        worst = state.extract(logits, top_k, wants, discarded=discarded)
+    with state.profiling() as step:   # the worst case: every row, whatever the runner discards
+        step.planned("Sampler.sample", 3)
+        step.capture.record(logits)
+        worst = step.extract("Sampler.sample", logits)
     assert worst.layout.rows == 3 and worst.idle is None
     assert state.extracted_rows == 2 and state.idle_rows == 1

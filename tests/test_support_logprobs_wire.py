@@ -18,10 +18,11 @@ from vllm_sampling_mask.accumulator import MaskAccumulator
 from vllm_sampling_mask.extraction import ExtractionSettings, extract_support, plan_layout
 from vllm_sampling_mask.packed_wire import decode_floats, encode_floats
 from vllm_sampling_mask.sampling_mask import SamplingMask
-from vllm_sampling_mask.state import SamplingMaskState
 from vllm_sampling_mask.support_logprobs import gather_support_logprobs, scaled_top_logprob
 from vllm_sampling_mask.transport import MaskCopy
 from vllm_sampling_mask.validation import resolve_logprobs_request
+from vllm_sampling_mask.worker import plan as plans
+from vllm_sampling_mask.worker.requests import MaskRequests
 
 
 def _step(subset: bool):
@@ -166,7 +167,7 @@ def test_request_validation_decides_both():
 
 
 def test_asked_follows_the_batch():
-    state = SamplingMaskState(4, 64)
+    state = MaskRequests(4)
     on = SimpleNamespace(extra_args={"return_sampling_mask": True,
                                      "return_sampling_mask_logprobs": True})
     mask_only = SimpleNamespace(extra_args={"return_sampling_mask": True,
@@ -175,7 +176,7 @@ def test_asked_follows_the_batch():
     assert list(state.asked) == [True, False, True, False]
     state.apply_batch_update([], [0], [(2, 0, False), (0, 1, True)])
     assert list(state.wants[:2]) == [True, True] and list(state.asked[:2]) == [False, True]
-    state.remove_request(1)
+    state.remove(1)
     assert not state.asked[1]
     # nobody asked: nothing to capture
-    assert not state.begin_capture(np.zeros(4, bool))
+    assert len(plans.plan(state.wants, np.zeros(4, bool), np.zeros(4)).capture_rows) == 0

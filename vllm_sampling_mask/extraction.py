@@ -1,7 +1,7 @@
 """Mask extraction on the device: which ids survived every logits processor.
 
 Plain module (torch, and Triton where it is installed; no vLLM). The runner's
-mask state (`state.SamplingMaskState.extract`, through `extract_selected`)
+mask state (`worker.state.SamplingMaskState.extract`)
 calls `extract_support` on the processed logits the sampler drew from (a non-finite
 logit marks an excluded id) right after sampling. The result stays on the
 device in one int32 block that `transport` copies to the host as a whole.

@@ -321,7 +321,6 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "expanded_local_pos", "seq_lens_upper_bound_np", "return_logprobs",
            since=R31),
         _f(f"{GPU}.sample.sampler", "Sampler.__call__", "self", "logits", "input_batch"),
-        _d(f"{GPU}.sample.output", "SamplerOutput", "sampled_token_ids"),
         _s(f"{GPU}.sample.sampler", "Sampler.__init__", "self.sampling_states",
            "self.use_flashinfer"),
         _s(f"{GPU}.sample.states", "SamplingStates.__init__", "self.top_k",
@@ -355,6 +354,8 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _f(f"{GPU}.model_runner", "GPUModelRunner.sample", "self", "hidden_states",
            "input_batch", "grammar_output"),
         _f(f"{GPU}.model_runner", "GPUModelRunner.sample_tokens", "self", "grammar_output"),
+        # the step is open around `sample_tokens`, which samples through `sample`
+        _s(f"{GPU}.model_runner", "GPUModelRunner.sample_tokens", "self.sample("),
         _s(f"{GPU}.model_runner", "GPUModelRunner.load_model", "self.sampler = Sampler("),
         *_OUTPUT_RANK,
     ),
@@ -377,18 +378,16 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     "runner_output": (
         _d("vllm.v1.outputs", "ModelRunnerOutput", "req_ids", "req_id_to_index",
            "sampled_token_ids"),
-        _d("vllm.v1.outputs", "SamplerOutput", "sampled_token_ids", "logprobs_tensors"),
     ),
     "sampler_v1": (
         _f("vllm.v1.sample.sampler", "Sampler.sample", "self", "logits",
            "sampling_metadata", "logprobs_mode_override"),
-        _f("vllm.v1.sample.sampler", "Sampler.forward", "self", "logits",
-           "sampling_metadata", "predict_bonus_token", "logprobs_mode_override"),
         _s(TKTP, "TopKTopPSampler.forward_native",
            'self.logprobs_mode == "processed_logprobs"'),
         # support logprobs: the temperature-scaled logits exist only as this static
-        # method's result, before the argmax-invariant processors (min-p) and
-        # top-k/top-p edit them in place
+        # method's result (called as `self.apply_temperature`, so an instance
+        # attribute shadows it), before the argmax-invariant processors (min-p)
+        # and top-k/top-p edit them in place
         _f("vllm.v1.sample.sampler", "Sampler.apply_temperature", "logits", "temp",
            "all_random"),
         _s("vllm.v1.sample.sampler", "Sampler.sample", "logits = self.apply_temperature(",
@@ -396,13 +395,15 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     ),
     "runner_v1": (
         _f(V1, "GPUModelRunner.__init__", "self", "vllm_config", "device"),
-        _f(V1, "GPUModelRunner._sample", "self", "logits", "spec_decode_metadata"),
         _f(V1, "GPUModelRunner.sample_tokens", "self", "grammar_output"),
         _f(V1, "AsyncGPUModelRunnerOutput.get_output", "self"),
         _f(V1, "GPUModelRunner._dummy_sampler_run", "self", "hidden_states"),
         _f(V1, "GPUModelRunner._may_reorder_batch", "self", "scheduler_output"),
         _s(V1, "GPUModelRunner.__init__", "self.sampler = Sampler("),
         *_OUTPUT_RANK,
+        # the step the sampler extracts into is open around `sample_tokens`, which
+        # samples through `_sample`
+        _s(V1, "GPUModelRunner.sample_tokens", "self._sample("),
         _s(V1, "GPUModelRunner._sample", "self.sampler("),
         _s("vllm.v1.worker.gpu_input_batch", "InputBatch.__init__", "self.top_k_cpu =",
            "self.generators"),

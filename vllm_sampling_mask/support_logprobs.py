@@ -2,7 +2,7 @@
 mask's support, in the mask's order, and log S, for the rows that asked.
 
 Plain module (torch and numpy; no vLLM). The runner's mask state
-(`state.SamplingMaskState.extract`) calls `gather_support_logprobs` right after
+(`worker.state.SamplingMaskState.extract`) calls `gather_support_logprobs` right after
 extracting the step's supports (same step, same device, no host sync: host ints
 reach the device through pinned memory, `extraction.host_index`); the host, once
 it has decoded the step's supports (`transport.decode`), aligns the copied values

@@ -13,7 +13,7 @@ rank gets a state.
 from __future__ import annotations
 
 from vllm_sampling_mask.config import mask_enabled
-from vllm_sampling_mask.state import SamplingMaskState
+from vllm_sampling_mask.worker.state import SamplingMaskState
 
 
 def is_output_rank() -> bool:

@@ -13,8 +13,9 @@ What: in `vllm/v1/engine/core.py`, only when `VLLM_SAMPLING_MASK_DEBUG_STATE=1`
     `worker_state` (a module-level function, pickled by reference to the
     worker process), each worker's runner: V1 `requests`, `input_batch.num_reqs`
     and MRv2 `req_states.num_reqs`, and whether the runner's mask state
-    (`SamplingMaskState`, the declared `sampling_mask`) holds a hand-off between
-    steps (`pending_sampling_mask`), with its work so far (`sampling_mask_work`:
+    (`SamplingMaskState`, the declared `sampling_mask`) holds an open step between
+    calls (`pending_sampling_mask`: a step is open only while the call that
+    samples runs, so 1 here means one was left open), with its work so far (`sampling_mask_work`:
     steps extracted, rows extracted, and rows left out because the runner
     discards their sample, e.g. partial prefill chunks; null on a rank with no state, e.g. a tensor-parallel rank
     whose output the executor drops). The fork's scheduler patch keeps
@@ -52,7 +53,7 @@ def _work(runner) -> dict:
 
 def _pending(runner) -> int:
     state = runner.sampling_mask
-    return int(state is not None and (state.mask.pending or state.copy.pending))
+    return int(state is not None and state.open is not None)
 
 
 def worker_state(worker) -> dict:

@@ -4,7 +4,7 @@ start the mask's copy with the step's output copy.
 What: wraps, in `vllm/v1/worker/gpu/model_runner.py` (the CPU runner inherits
     these), and declares `GPUModelRunner.sampling_mask` (None with the flag off):
     - `load_model`, which builds `self.sampler`: with
-      `model_config.sampling_mask_settings` it builds one `state.SamplingMaskState`
+      `model_config.sampling_mask_settings` it builds one `worker.state.SamplingMaskState`
       (per request slot, `max_num_reqs`; --max-sampling-mask-size) and hands it
       to the runner and its sampler (`Sampler.sampling_mask`) on the output rank
       only (`_runner.mask_state_for`: under tensor parallelism the other ranks'
@@ -17,13 +17,15 @@ What: wraps, in `vllm/v1/worker/gpu/model_runner.py` (the CPU runner inherits
     - `_dummy_sampler_run`: the memory-profiling run extracts inside
       `state.profiling()` (widest rows, one wide-row slot per row), so the KV
       cache is sized with the mask's largest per-step device memory included;
-    - `sample`: once the sampler returned `SamplerOutput.sampling_mask`, starts
-      its `transport.MaskCopy` on the output copy stream (after the main
-      stream, into the state's pinned pool on CUDA). Upstream's copy event,
-      recorded on that stream by the `AsyncOutput` built next, covers it; the
-      copy holds the device block until it is read;
-    - `sample_tokens`: hands that copy to the step's `AsyncOutput` (the
-      declared `AsyncOutput.sampling_mask_copy`, which `async_output` decodes).
+    - `sample_tokens`: opens the step's `MaskStep` around the call (the
+      sampler plans and extracts into it: `sampler`) and, once it returned,
+      hands the step's started copy to the step's `AsyncOutput` (the declared
+      `AsyncOutput.sampling_mask_copy`, which `async_output` decodes);
+    - `sample`, called inside it: once the sampler extracted the step's mask,
+      starts its `transport.MaskCopy` on the output copy stream (after the main
+      stream, into the state's pinned pool on CUDA) into the step. Upstream's
+      copy event, recorded on that stream by the `AsyncOutput` built next,
+      covers it; the copy holds the device block until it is read.
 Why: the flag is configuration; passing it explicitly where the sampler is
     built (instead of the sampler reading ambient config) means a sampler that
     never got it cannot silently return no mask, and one state object per
@@ -40,8 +42,8 @@ from vllm_sampling_mask.patches._runner import mask_state_for
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.releases import Release
-from vllm_sampling_mask.state import SamplingMaskState, profiling
 from vllm_sampling_mask.transport import MaskCopy
+from vllm_sampling_mask.worker.state import SamplingMaskState
 
 
 def apply(module, release: Release) -> None:
@@ -73,39 +75,46 @@ def apply(module, release: Release) -> None:
         slot = self.req_states.req_id_to_index.get(argument(wrapped, args, kwargs, "req_id"))
         removed = wrapped(*args, **kwargs)
         if removed and slot is not None:
-            self.sampling_mask.remove_request(slot)
+            self.sampling_mask.requests.remove(slot)
         return removed
 
     @wraps(module, "GPUModelRunner._dummy_sampler_run")
     def _dummy_sampler_run(wrapped, self, args, kwargs):
-        with profiling(self.sampling_mask):
+        if self.sampling_mask is None:
+            return wrapped(*args, **kwargs)
+        with self.sampling_mask.profiling():
             return wrapped(*args, **kwargs)
 
     @wraps(module, "GPUModelRunner.sample")
     def sample(wrapped, self, args, kwargs):
         result = wrapped(*args, **kwargs)
-        state = self.sampling_mask
-        if state is not None:
-            mask = result[0].sampling_mask
-            if mask is None:
-                raise MissingSamplingMaskError(
-                    "GPUModelRunner.sample", "SamplerOutput.sampling_mask is None")
+        step = None if self.sampling_mask is None else self.sampling_mask.open
+        if step is not None:
+            mask = step.result("GPUModelRunner.sample")
             main, copy_stream = self.main_stream, self.output_copy_stream
             with async_utils.stream(copy_stream, main):
                 copy_stream.wait_stream(main)
                 on_cuda = mask.block.device.type == "cuda"
-                state.copy.put(MaskCopy(mask, state.pool if on_cuda else None))
+                step.copy = MaskCopy(mask, self.sampling_mask.pool if on_cuda else None)
         return result
 
     @wraps(module, "GPUModelRunner.sample_tokens")
     def sample_tokens(wrapped, self, args, kwargs):
-        out = wrapped(*args, **kwargs)
         state = self.sampling_mask
-        if state is not None and state.copy.pending:
-            copy = state.copy.take("GPUModelRunner.sample_tokens")
-            if not isinstance(out, async_utils.AsyncOutput):
+        if state is None:
+            return wrapped(*args, **kwargs)
+        with state.step() as step:
+            out = wrapped(*args, **kwargs)
+        if step.copy is None:
+            if step.mask is not None:
                 raise MissingSamplingMaskError(
                     "GPUModelRunner.sample_tokens",
-                    f"a mask was extracted but the step returned {type(out).__name__}")
-            out.sampling_mask_copy = copy
+                    "the sampler extracted a mask but no copy of it was started")
+            return out   # nothing sampled (a step with tokens but no mask is refused
+                         # by the scheduler)
+        if not isinstance(out, async_utils.AsyncOutput):
+            raise MissingSamplingMaskError(
+                "GPUModelRunner.sample_tokens",
+                f"a mask was extracted but the step returned {type(out).__name__}")
+        out.sampling_mask_copy = step.copy
         return out

@@ -1,11 +1,9 @@
-"""`ModelRunnerOutput.sampling_mask_step` and the V1 `SamplerOutput.sampling_mask`.
+"""`ModelRunnerOutput.sampling_mask_step`: the runner-to-scheduler hop.
 
-What: in `vllm/v1/outputs.py`, adds the dataclass fields
-    `ModelRunnerOutput.sampling_mask_step: StepMasks | None = None` (the
-    runner-to-scheduler hop, in every process that imports it: the worker
-    fills it in `async_output` or `runner_v1`, the scheduler reads it) and
-    `SamplerOutput.sampling_mask: DeviceMask | None = None` (the V1 runner's
-    sampler output; `sampler_v1` fills it).
+What: in `vllm/v1/outputs.py`, adds the dataclass field
+    `ModelRunnerOutput.sampling_mask_step: StepMasks | None = None` (in every
+    process that imports it: the worker fills it in `async_output` or
+    `runner_v1`, the scheduler reads it).
 Why: a declared field pickles with the output and reads back as None only
     when the producer really wrote nothing, which the scheduler then refuses.
 Remove when: upstream's `ModelRunnerOutput` mask (vLLM #49577, since 0.28, Model
@@ -13,7 +11,6 @@ Remove when: upstream's `ModelRunnerOutput` mask (vLLM #49577, since 0.28, Model
     packed block; from 0.28 this field replaces upstream's on the hop.
 """
 
-from vllm_sampling_mask.extraction import DeviceMask
 from vllm_sampling_mask.patches._dataclass import add_field
 from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.transport import StepMasks
@@ -21,4 +18,3 @@ from vllm_sampling_mask.transport import StepMasks
 
 def apply(module, release: Release) -> None:
     add_field(module.ModelRunnerOutput, "sampling_mask_step", StepMasks | None, None)
-    add_field(module.SamplerOutput, "sampling_mask", DeviceMask | None, None)

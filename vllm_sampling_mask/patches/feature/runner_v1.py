@@ -5,7 +5,7 @@ What: declares `GPUModelRunner.sampling_mask` (None with the flag off) and
     these):
     - `GPUModelRunner.__init__`, which builds `self.sampler`: with
       `model_config.sampling_mask_settings` it builds one
-      `state.SamplingMaskState` (per persistent-batch row, `max_num_reqs`) and
+      `worker.state.SamplingMaskState` (per persistent-batch row, `max_num_reqs`) and
       hands it to the runner and its sampler (`Sampler.sampling_mask`), on the
       output rank only (`_runner.mask_state_for`: under tensor parallelism the
       other ranks' outputs are dropped, so they extract and copy nothing);
@@ -15,19 +15,20 @@ What: declares `GPUModelRunner.sampling_mask` (None with the flag off) and
       added with their sampling parameters, removed, moved by `condense`,
       swapped by the reorder) to its per-row "wants a mask", as a logits
       processor does; a step then reads it with one slice, no loop over rows;
-    - `GPUModelRunner._sample`: stages, for the sampler, the batch's per-row
-      top-k from the host-side input batch and the rows whose sampled token
-      upstream discards (`discard_request_mask.np`, which `_prepare_inputs`
-      filled for this step: partial prefill chunks; the sampler leaves them
-      out of the extraction), both host arrays (no device sync, no loop over
-      rows), and keeps the returned `SamplerOutput.sampling_mask` in the state
-      for `sample_tokens`;
-    - `GPUModelRunner.sample_tokens`: on the synchronous path decodes the mask
-      into the declared field `ModelRunnerOutput.sampling_mask_step`; on the
-      asynchronous path (CUDA's default) starts a `transport.MaskCopy` on the
-      runner's output copy stream (after the main stream), with its own event,
-      kept on the declared `AsyncGPUModelRunnerOutput.sampling_mask_copy`; the
-      copy holds the device block until read;
+    - `GPUModelRunner.sample_tokens`: opens the step's `MaskStep` around the
+      call, planned from the host-side input batch (`SamplingMaskState.plan`:
+      the rows whose request wants a mask, their top-k, and the rows whose
+      sampled token upstream discards, `discard_request_mask.np`, which
+      `_prepare_inputs` filled for this step: partial prefill chunks, left out
+      of the extraction), all host arrays (no device sync, no loop over rows).
+      The sampler (`sampler_v1`, reached through `_sample`) extracts into it.
+      Once the call returned, on the synchronous path it decodes the step's
+      mask into the declared field `ModelRunnerOutput.sampling_mask_step`; on
+      the asynchronous path (CUDA's default) it starts a `transport.MaskCopy`
+      on the runner's output copy stream (after the main stream), with its own
+      event, kept on the declared `AsyncGPUModelRunnerOutput.sampling_mask_copy`;
+      the copy holds the device block until read; a step that sampled nothing
+      has no mask;
     - `AsyncGPUModelRunnerOutput.get_output`: decodes it (after its event, host
       work only) into `ModelRunnerOutput.sampling_mask_step`;
     - `GPUModelRunner._dummy_sampler_run`: the memory-profiling run extracts
@@ -47,8 +48,8 @@ from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.patches._runner import mask_state_for
 from vllm_sampling_mask.patches._wrap import wraps
 from vllm_sampling_mask.releases import Release
-from vllm_sampling_mask.state import SamplingMaskState, profiling
 from vllm_sampling_mask.transport import MaskCopy
+from vllm_sampling_mask.worker.state import SamplingMaskState
 
 
 def _lengths(sampled_token_ids) -> list[int]:
@@ -85,28 +86,23 @@ def apply(module, release: Release) -> None:
     def _may_reorder_batch(wrapped, self, args, kwargs):
         result = wrapped(*args, **kwargs)
         if self.sampling_mask is not None:
-            self.sampling_mask.apply_batch_update(*_pending_batch_update(self.input_batch))
+            self.sampling_mask.requests.apply_batch_update(
+                *_pending_batch_update(self.input_batch))
         return result
-
-    @wraps(module, "GPUModelRunner._sample")
-    def _sample(wrapped, self, args, kwargs):
-        state = self.sampling_mask
-        if state is None:
-            return wrapped(*args, **kwargs)
-        num_reqs = self.input_batch.num_reqs
-        state.stage_top_k(self.input_batch.top_k_cpu[:num_reqs])
-        state.stage_discarded(self.discard_request_mask.np[:num_reqs])
-        output = wrapped(*args, **kwargs)
-        state.mask.put(output.sampling_mask)
-        return output
 
     @wraps(module, "GPUModelRunner.sample_tokens")
     def sample_tokens(wrapped, self, args, kwargs):
-        out = wrapped(*args, **kwargs)
         state = self.sampling_mask
-        if state is None or not state.mask.pending:  # nothing sampled; a step with tokens
-            return out                          # but no mask is refused by the scheduler
-        mask = state.mask.take("V1 GPUModelRunner.sample_tokens")
+        if state is None:
+            return wrapped(*args, **kwargs)
+        rows = self.input_batch.num_reqs
+        plan = state.plan(slice(0, rows), self.input_batch.top_k_cpu[:rows],
+                          self.discard_request_mask.np[:rows])
+        with state.step(plan) as step:
+            out = wrapped(*args, **kwargs)
+        if step.mask is None:   # nothing sampled; a step with tokens but no mask
+            return out          # is refused by the scheduler
+        mask = step.mask
         on_cuda = mask.block.device.type == "cuda"
         pool = state.pool if on_cuda else None
         if isinstance(out, ModelRunnerOutput):
@@ -136,5 +132,7 @@ def apply(module, release: Release) -> None:
 
     @wraps(module, "GPUModelRunner._dummy_sampler_run")
     def _dummy_sampler_run(wrapped, self, args, kwargs):
-        with profiling(self.sampling_mask):
+        if self.sampling_mask is None:
+            return wrapped(*args, **kwargs)
+        with self.sampling_mask.profiling():
             return wrapped(*args, **kwargs)

@@ -1,35 +1,33 @@
 """Extract the sampling mask in Model Runner V2's sampler.
 
 What: in `vllm/v1/worker/gpu/sample/sampler.py`, declares
-    `Sampler.sampling_mask` (the runner's `state.SamplingMaskState`, None with
-    the flag off; the `runner` patch sets it where upstream builds the
-    sampler) and the dataclass field `SamplerOutput.sampling_mask` (None), and
-    wraps `Sampler.add_request` (the state records the request's decision per
-    slot, `validation.wants_mask`), `Sampler.sample` and `Sampler.__call__`.
-    With a state, `__call__` first stages the batch rows that sample nothing
-    this step (`state.stage_discarded`: a partial prefill chunk, the host
-    mirror of upstream's own rule in `get_num_sampled_and_rejected`,
-    seq_len < prefill_len, from the step's host arrays:
+    `Sampler.sampling_mask` (the runner's `worker.state.SamplingMaskState`, None
+    with the flag off; the `runner` patch sets it where upstream builds the
+    sampler), and wraps `Sampler.add_request` (the state records the request's
+    decision per slot, `validation.wants_mask`), `Sampler.__call__` and
+    `Sampler.sample`. Inside the step the runner adapter opened (`state.open`;
+    a sampler call outside one, a warm-up, extracts nothing): `__call__` plans
+    the step from the input batch it is given (`SamplingMaskState.plan`: the
+    batch's slots, their host-side top-k, and the rows that sample nothing this
+    step, a partial prefill chunk: the host mirror of upstream's own rule in
+    `get_num_sampled_and_rejected`, seq_len < prefill_len, from
     `InputBatch.seq_lens_cpu_upper_bound` against the sampler's
     `req_states.prefill_len.np` of the batch's slots; exact without
-    speculative decoding, which the flag refuses); `sample` compacts the
-    support of the logits it sampled from (after every processor and
-    top-k/top-p/min-p) for the rows that want a mask, less those
-    (`state.extract`, sized from their host-side top-k: no device sync; the
-    rows left out decode as sampled nothing), and hands it to `__call__`
-    (`state.mask.put`), which puts it on the `SamplerOutput` it returns
-    (`state.mask.take`: a mask of no rows when none wants one;
-    MissingSamplingMaskError when `sample` extracted none).
-    Support logprobs: for the rows that asked (`state.asked[slots]`), `sample`
-    runs upstream inside a capture, and the wrapped
-    `SamplingStates.apply_min_p` (called by `apply_sampling_params` right
-    after the temperature, on the float32 copy it edits in place) hands its
-    input, the temperature-scaled logits, to `state.capture_scaled` first (the
-    asked rows' largest scaled logprob: [A] floats). A step that needs no logits
-    processing (temperature 1, no truncation) never calls it: its processed
-    logits are then the scaled ones, captured after `sample`. The extraction
-    gathers the support logprobs from the processed logits (log-softmaxed for
-    the asked rows only).
+    speculative decoding, which the flag refuses; in the profiling run the
+    sampler plans every row); `sample` compacts the support of the logits it
+    sampled from (after every processor and top-k/top-p/min-p) for the plan's
+    rows into the step (`MaskStep.extract`: sized from host-side top-k, no
+    device sync; the rows left out decode as sampled nothing).
+    Support logprobs: for the rows that asked, `sample` hands the step's
+    capture to the call that holds the temperature-scaled logits: for the
+    duration of its own call, the sampler's `sampling_states.apply_min_p`
+    (called by `apply_sampling_params` right after the temperature, on the
+    float32 copy it edits in place) is shadowed on that instance by one that
+    records its input first (the asked rows' largest scaled logprob: [A]
+    floats). A step that needs no logits processing (temperature 1, no
+    truncation) never calls it: its processed logits are then the scaled ones,
+    recorded after `sample`. The extraction gathers the support logprobs from
+    the processed logits (log-softmaxed for the asked rows only).
 Why: the sampler is the only place where the exact support exists.
 Remove when: upstream's sampler mask (vLLM #49577 since 0.28, GPU compaction #54901
     since 0.30) takes per-request decisions, top-p/min-p-only rows and support
@@ -38,66 +36,66 @@ Remove when: upstream's sampler mask (vLLM #49577 since 0.28, GPU compaction #54
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 
-from vllm_sampling_mask.extraction import DeviceMask
-from vllm_sampling_mask.patches._dataclass import add_field
 from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.releases import Release
-from vllm_sampling_mask.state import SamplingMaskState, capturing_state
+from vllm_sampling_mask.worker.capture import shadowing
+from vllm_sampling_mask.worker.state import SamplingMaskState
+
+HOP = "Sampler.sample"
 
 
 def apply(module, release: Release) -> None:
-    from vllm.v1.worker.gpu.sample import states
-
     module.Sampler.sampling_mask: SamplingMaskState | None = None
-    add_field(module.SamplerOutput, "sampling_mask", DeviceMask | None, None)
-
-    @wraps(states, "SamplingStates.apply_min_p")
-    def apply_min_p(wrapped, self, args, kwargs):
-        state = capturing_state()
-        if state is not None:   # before min-p: the temperature-scaled logits
-            state.capture_scaled(argument(wrapped, args, kwargs, "logits"))
-        return wrapped(*args, **kwargs)
 
     @wraps(module, "Sampler.add_request")
     def add_request(wrapped, self, args, kwargs):
         wrapped(*args, **kwargs)
         if self.sampling_mask is not None:
-            self.sampling_mask.add_request(argument(wrapped, args, kwargs, "req_idx"),
-                                           argument(wrapped, args, kwargs, "sampling_params"))
-
-    @wraps(module, "Sampler.sample")
-    def sample(wrapped, self, args, kwargs):
-        state = self.sampling_mask
-        if state is None:
-            return wrapped(*args, **kwargs)
-        slots = argument(wrapped, args, kwargs, "idx_mapping_np")
-        if state.worst_case:   # the profiling run: every row
-            asked, discarded = np.ones(len(slots), bool), None
-        else:
-            discarded = state.take_discarded("Sampler.sample", len(slots))
-            asked = state.asked[slots] & ~discarded   # a discarded row records nothing
-        with state.capturing(asked):
-            sampled, processed_logits = wrapped(*args, **kwargs)
-            if state.capture_pending:   # no logits processing: nothing was scaled
-                state.capture_scaled(processed_logits)
-        state.mask.put(state.extract(processed_logits, self.sampling_states.top_k.np[slots],
-                                     state.wants[slots], asked, discarded=discarded,
-                                     normalise=True))
-        return sampled, processed_logits
+            self.sampling_mask.requests.add(argument(wrapped, args, kwargs, "req_idx"),
+                                            argument(wrapped, args, kwargs, "sampling_params"))
 
     @wraps(module, "Sampler.__call__")
     def __call__(wrapped, self, args, kwargs):
         state = self.sampling_mask
-        if state is None:
+        step = None if state is None else state.open
+        if step is not None and not state.worst_case:
+            input_batch = argument(wrapped, args, kwargs, "input_batch")
+            slots = input_batch.idx_mapping_np
+            step.set_plan("Sampler.__call__", state.plan(
+                slots, self.sampling_states.top_k.np[slots],
+                _discarded(self, input_batch), normalise=True))
+        return wrapped(*args, **kwargs)
+
+    @wraps(module, "Sampler.sample")
+    def sample(wrapped, self, args, kwargs):
+        state = self.sampling_mask
+        step = None if state is None else state.open
+        if step is None:
             return wrapped(*args, **kwargs)
-        if not state.worst_case:
-            state.stage_discarded(_discarded(self, argument(wrapped, args, kwargs,
-                                                            "input_batch")))
-        output = wrapped(*args, **kwargs)
-        output.sampling_mask = state.mask.take("Sampler.__call__")
-        return output
+        slots = argument(wrapped, args, kwargs, "idx_mapping_np")
+        step.planned(HOP, len(slots), normalise=True)
+        capture = step.capture
+        if capture is None:
+            scaling = nullcontext()
+        else:   # hand the capture to the call that holds the scaled logits
+            states = self.sampling_states
+            min_p = states.apply_min_p
+
+            def record_then_min_p(logits, *a, **k):
+                capture.record(logits)
+                return min_p(logits, *a, **k)
+
+            scaling = shadowing(states, "apply_min_p", record_then_min_p)
+        with scaling:
+            sampled, processed_logits = wrapped(*args, **kwargs)
+        if capture is not None and not capture.recorded:
+            capture.record(processed_logits)   # no logits processing: nothing was scaled
+        step.extract(HOP, processed_logits)
+        return sampled, processed_logits
 
 
 def _discarded(sampler, input_batch) -> np.ndarray:

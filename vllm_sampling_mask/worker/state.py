@@ -1,0 +1,142 @@
+"""`SamplingMaskState`: the model runner's one object for the sampling mask.
+
+One instance per runner, built where upstream builds the sampler when the engine
+flag is on, reached through one declared reference on the runner
+(`sampling_mask`) and the same object on its sampler. It holds, each its own
+small object or field:
+
+- `max_size` (--max-sampling-mask-size) and `settings` (the layout's tunables:
+  tests pass other `ExtractionSettings` instead of patching globals);
+- `requests` (`MaskRequests`): per request slot or batch row, wants a mask,
+  asked for support logprobs;
+- `pool`: the pinned host buffers of this runner's mask copies;
+- the open step (`step()`, `open`): one sampler call's `MaskStep`, from plan to
+  copy, closed when the call that samples returns: nothing is kept between calls;
+- the memory-profiling switch (`profiling()`): inside it a step extracts every row
+  at the widest, and on a CUDA device compiles every extraction kernel variant a
+  step can launch (`extraction.warm_up`), so no batch shape compiles one while
+  serving;
+- the work counters the state route reports (`extractions`: served steps that
+  extracted rows; `extracted_rows`; `idle_rows`: rows that wanted a mask but
+  whose sample the runner discards; the profiling run aside. Under tensor
+  parallelism only the output rank has a state and extracts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from vllm_sampling_mask import extraction
+from vllm_sampling_mask.extraction import (
+    DEFAULT_SETTINGS,
+    DeviceMask,
+    ExtractionSettings,
+    extract_support,
+    no_rows,
+    plan_layout,
+)
+from vllm_sampling_mask.support_logprobs import gather_support_logprobs
+from vllm_sampling_mask.transport import PinnedPool
+from vllm_sampling_mask.worker import plan as plans
+from vllm_sampling_mask.worker.capture import ScaledCapture
+from vllm_sampling_mask.worker.plan import StepPlan
+from vllm_sampling_mask.worker.requests import MaskRequests
+from vllm_sampling_mask.worker.step import MaskStep
+
+
+class SamplingMaskState:
+    def __init__(self, max_num_reqs: int, max_size: int,
+                 settings: ExtractionSettings = DEFAULT_SETTINGS) -> None:
+        self.max_size = max_size
+        self.settings = settings
+        self.requests = MaskRequests(max_num_reqs)
+        self.pool = PinnedPool()
+        self.open: MaskStep | None = None
+        self._worst_case = False
+        self.extractions = 0
+        self.extracted_rows = 0
+        self.idle_rows = 0
+
+    # -- the step ---------------------------------------------------------
+
+    def plan(self, slots, top_k: np.ndarray, discarded: np.ndarray | None = None, *,
+             normalise: bool = False) -> StepPlan:
+        """A served step's plan: the requests at `slots` (a slice of batch rows
+        or an array of request slots, in batch order), their `top_k`, and the
+        batch rows whose sample the runner `discarded` (None: none)."""
+        return plans.plan(self.requests.wants[slots], self.requests.asked[slots], top_k,
+                          discarded, normalise=normalise)
+
+    @contextmanager
+    def step(self, plan: StepPlan | None = None) -> Iterator[MaskStep]:
+        """Open one sampler call's step (planned now, or later by the sampling
+        path's adapter), for the call that samples; closed on the way out."""
+        step = MaskStep(self, plan)
+        self.open = step
+        try:
+            yield step
+        finally:
+            self.open = None
+
+    # -- the memory-profiling run -----------------------------------------
+
+    @property
+    def worst_case(self) -> bool:
+        return self._worst_case
+
+    @contextmanager
+    def profiling(self) -> Iterator[MaskStep]:
+        """Inside: an open step that extracts with the largest layout a step can
+        use, so the KV cache is sized with the mask's largest per-step device
+        memory."""
+        self._worst_case = True
+        try:
+            with self.step() as step:
+                yield step
+        finally:
+            self._worst_case = False
+
+    # -- extraction -------------------------------------------------------
+
+    def extract(self, plan: StepPlan, processed_logits, capture: ScaledCapture | None = None,
+                *, hop: str = "SamplingMaskState.extract") -> DeviceMask:
+        """The plan's rows of `processed_logits` (what the sampler drew from) as one
+        step's `DeviceMask`, with the support logprobs of the rows that asked
+        (from the scaled top logprob `capture` recorded; `plan.normalise`: the
+        logits are not logprobs yet). The idle rows ride on it (`DeviceMask.idle`)."""
+        batch_rows, vocab = processed_logits.shape
+        if plan.n_rows == 0:
+            mask = no_rows(batch_rows, processed_logits.device)
+        else:
+            layout = plan_layout(plan.top_k, vocab, max_size=self.max_size,
+                                 worst_case=plan.worst_case, settings=self.settings)
+            mask = extract_support(processed_logits, layout, plan.rows, settings=self.settings)
+            if capture is not None:
+                mask.support_logprobs = gather_support_logprobs(
+                    processed_logits, None, mask, plan.asked, scaled_top=capture.result(hop),
+                    normalise=plan.normalise)
+        if len(plan.idle):
+            mask.idle = plan.idle
+        if plan.worst_case:
+            if processed_logits.is_cuda:
+                self._warm_up(processed_logits)
+        else:
+            self.idle_rows += len(plan.idle)
+            if plan.n_rows:
+                self.extractions += 1
+                self.extracted_rows += plan.n_rows
+        return mask
+
+    def _warm_up(self, logits) -> None:
+        """Compile every kernel variant a step can launch: for the profiling run's
+        logits, and for the contiguous float32 rows a sampler extracts from once
+        it processes logits (Model Runner V2's profiling batch needs no
+        processing and hands over the model's own dtype)."""
+        vocab = logits.shape[1]
+        for dtype, stride in {(logits.dtype, logits.stride(0)), (torch.float32, vocab)}:
+            extraction.warm_up(logits.device, vocab, (dtype,), max_size=self.max_size,
+                               logits_stride=stride, settings=self.settings)

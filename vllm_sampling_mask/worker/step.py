@@ -1,0 +1,72 @@
+"""`MaskStep`: one sampler call's mask in one line, plan -> extraction -> copy.
+
+The runner adapter opens a step around the call that samples
+(`SamplingMaskState.step`) and reads it once that call returned; the sampling
+path's adapters fill it in order while the call runs, each stage once:
+
+    plan        the runner adapter (V1: from the input batch) or the sampler's
+                (Model Runner V2: `Sampler.__call__`, from the input batch it gets);
+                the profiling run plans every row when the sampler asks for it
+    capture     made from the plan, handed by the sampler adapter to the call
+                holding the scaled logits (rows that asked for support logprobs)
+    mask        the extraction over the processed logits (`SamplingMaskState.extract`)
+    copy        the device-to-host copy the runner adapter starts
+
+Nothing outlives the step: a stage that finds the one before it missing raises
+`MissingSamplingMaskError` naming its hop.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vllm_sampling_mask.errors import MissingSamplingMaskError
+from vllm_sampling_mask.extraction import DeviceMask
+from vllm_sampling_mask.worker import plan as plans
+from vllm_sampling_mask.worker.capture import ScaledCapture
+from vllm_sampling_mask.worker.plan import StepPlan
+
+if TYPE_CHECKING:
+    from vllm_sampling_mask.transport import MaskCopy
+    from vllm_sampling_mask.worker.state import SamplingMaskState
+
+
+class MaskStep:
+    def __init__(self, state: "SamplingMaskState", plan: StepPlan | None = None) -> None:
+        self._state = state
+        self.plan = plan
+        self.capture: ScaledCapture | None = None
+        self.mask: DeviceMask | None = None
+        self.copy: "MaskCopy | None" = None
+
+    def set_plan(self, hop: str, plan: StepPlan) -> None:
+        if self.plan is not None:
+            raise MissingSamplingMaskError(hop, "this step was planned twice")
+        self.plan = plan
+
+    def planned(self, hop: str, batch_rows: int, *, normalise: bool = False) -> StepPlan:
+        """The plan for a sampler batch of `batch_rows` rows, with its capture
+        (None when no row asked). In the profiling run, every row."""
+        if self.plan is None and self._state.worst_case:
+            self.plan = plans.worst_case(batch_rows, normalise=normalise)
+        if self.plan is None:
+            raise MissingSamplingMaskError(hop, "the runner opened this step without a plan")
+        if self.plan.batch_rows != batch_rows:
+            raise MissingSamplingMaskError(
+                hop, f"the step's plan is for {self.plan.batch_rows} rows, the sampler's "
+                f"batch has {batch_rows}")
+        rows = self.plan.capture_rows
+        self.capture = ScaledCapture(rows) if len(rows) else None
+        return self.plan
+
+    def extract(self, hop: str, processed_logits) -> DeviceMask:
+        """The step's mask from the logits the sampler drew from."""
+        if self.plan is None:
+            raise MissingSamplingMaskError(hop, "the step has no plan")
+        self.mask = self._state.extract(self.plan, processed_logits, self.capture, hop=hop)
+        return self.mask
+
+    def result(self, hop: str) -> DeviceMask:
+        if self.mask is None:
+            raise MissingSamplingMaskError(hop, "the sampler returned without extracting one")
+        return self.mask
