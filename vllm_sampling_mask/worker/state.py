@@ -75,7 +75,7 @@ class SamplingMaskState:
     def step(self, plan: StepPlan | None = None) -> Iterator[MaskStep]:
         """Open one sampler call's step (planned now, or later by the sampling
         path's adapter), for the call that samples; closed on the way out."""
-        step = MaskStep(self, plan)
+        step = MaskStep(self.extract, worst_case=self._worst_case, plan=plan)
         self.open = step
         try:
             yield step

@@ -18,26 +18,31 @@ Nothing outlives the step: a stage that finds the one before it missing raises
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.extraction import DeviceMask
+from vllm_sampling_mask.transport import MaskCopy
 from vllm_sampling_mask.worker import plan as plans
 from vllm_sampling_mask.worker.capture import ScaledCapture
 from vllm_sampling_mask.worker.plan import StepPlan
 
-if TYPE_CHECKING:
-    from vllm_sampling_mask.transport import MaskCopy
-    from vllm_sampling_mask.worker.state import SamplingMaskState
+# (plan, processed logits, capture, hop) -> the step's mask: the state's `extract`
+Extractor = Callable[..., DeviceMask]
 
 
 class MaskStep:
-    def __init__(self, state: "SamplingMaskState", plan: StepPlan | None = None) -> None:
-        self._state = state
+    """`extract`: the runner's extraction (its size limit, settings and counters);
+    `worst_case`: the memory-profiling run's step (planned for every row)."""
+
+    def __init__(self, extract: Extractor, *, worst_case: bool = False,
+                 plan: StepPlan | None = None) -> None:
+        self._extract = extract
+        self._worst_case = worst_case
         self.plan = plan
         self.capture: ScaledCapture | None = None
         self.mask: DeviceMask | None = None
-        self.copy: "MaskCopy | None" = None
+        self.copy: MaskCopy | None = None
 
     def set_plan(self, hop: str, plan: StepPlan) -> None:
         if self.plan is not None:
@@ -47,7 +52,7 @@ class MaskStep:
     def planned(self, hop: str, batch_rows: int, *, normalise: bool = False) -> StepPlan:
         """The plan for a sampler batch of `batch_rows` rows, with its capture
         (None when no row asked). In the profiling run, every row."""
-        if self.plan is None and self._state.worst_case:
+        if self.plan is None and self._worst_case:
             self.plan = plans.worst_case(batch_rows, normalise=normalise)
         if self.plan is None:
             raise MissingSamplingMaskError(hop, "the runner opened this step without a plan")
@@ -63,7 +68,7 @@ class MaskStep:
         """The step's mask from the logits the sampler drew from."""
         if self.plan is None:
             raise MissingSamplingMaskError(hop, "the step has no plan")
-        self.mask = self._state.extract(self.plan, processed_logits, self.capture, hop=hop)
+        self.mask = self._extract(self.plan, processed_logits, self.capture, hop=hop)
         return self.mask
 
     def result(self, hop: str) -> DeviceMask:
