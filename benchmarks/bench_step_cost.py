@@ -1,0 +1,171 @@
+"""The mask's cost per step on the V1 runner: alternating pairs, mask on vs off, one run.
+
+The protocol the step-cost goal is judged by (docs/sampling_mask.md, "Cost"):
+
+- two engines side by side in this process (each engine core in its own process,
+  vLLM's default, so every process hop is in the figure), the same model and
+  settings, both `--logprobs-mode processed_logprobs`: one with
+  `return_sampling_mask=True`, one without;
+- per point (model, batch), `--pairs` alternating pairs (off then on, then on then
+  off, ...) of the same seeded `LLM.generate` call (top_k 50, top_p 0.95); the pair's
+  ratio is on/off throughput (off time over on time: the same tokens);
+- reported: the median of the pair ratios and its interquartile range; a point
+  whose range is wider than `--max-iqr` (3%) is "inconclusive", else "met" when
+  the median reaches `--goal` (0.97), else "not met";
+- one more point per batch on the mask-on engine: requests asking for support
+  logprobs vs mask only (the same alternating pairs);
+- the machine's load average before and after, and the release.
+
+    python benchmarks/bench_step_cost.py
+    python benchmarks/bench_step_cost.py --models demo --batches 32 --pairs 9
+    python benchmarks/bench_step_cost.py --json docs/step_cost_0.32.0.json
+
+Runs the V1 runner natively: TRITON_INTERPRET and VLLM_USE_V2_MODEL_RUNNER are
+removed from the environment before vLLM is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+for _name in ("TRITON_INTERPRET", "VLLM_USE_V2_MODEL_RUNNER"):
+    os.environ.pop(_name, None)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench_v1_engine import make_random_model  # noqa: E402
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, median, q3
+
+
+def verdict(ratios: list[float], goal: float, max_iqr: float) -> dict:
+    q1, median, q3 = quartiles(ratios)
+    if q3 - q1 > max_iqr:
+        status = "inconclusive"
+    else:
+        status = "met" if median >= goal else "not met"
+    return {"median": median, "q1": q1, "q3": q3, "iqr": q3 - q1, "status": status,
+            "ratios": ratios}
+
+
+def workload(batch: int, max_tokens: int, extra_args: dict | None = None):
+    from vllm import SamplingParams
+    prompts = [{"prompt_token_ids": [(7 * i + j) % 4000 + 10 for j in range(16)]}
+               for i in range(batch)]
+    params = [SamplingParams(temperature=1.0, top_k=50, top_p=0.95, max_tokens=max_tokens,
+                             ignore_eos=True, seed=i, detokenize=False,
+                             extra_args=dict(extra_args) if extra_args else None)
+              for i in range(batch)]
+    return prompts, params
+
+
+def timed(llm, prompts, params) -> float:
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - t0
+    assert all(len(o.outputs[0].token_ids) == params[0].max_tokens for o in outs)
+    return elapsed
+
+
+def pairs(first, second, n: int) -> list[float]:
+    """`n` alternating pairs of two timed calls; each pair's second-over-first
+    throughput ratio (first's time over second's)."""
+    ratios = []
+    for i in range(n):
+        if i % 2 == 0:
+            a, b = first(), second()
+        else:
+            b, a = second(), first()
+        ratios.append(a / b)
+    return ratios
+
+
+def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal: float,
+            max_iqr: float) -> list[dict]:
+    from vllm import LLM
+    common = dict(model=model, dtype="float32", max_model_len=512, enforce_eager=True,
+                  seed=0, logprobs_mode="processed_logprobs",
+                  kv_cache_memory_bytes=1 << 30, max_num_seqs=max(batches),
+                  skip_tokenizer_init=True)
+    off = LLM(**common)
+    on = LLM(**common, return_sampling_mask=True)
+    rows = []
+    for batch in batches:
+        prompts, params = workload(batch, max_tokens)
+        _, with_logprobs = workload(batch, max_tokens,
+                                    {"return_sampling_mask_logprobs": True})
+        for llm in (off, on):                     # warm-up at this batch size
+            llm.generate(prompts, params, use_tqdm=False)
+        outs = on.generate(prompts[:1], params[:1], use_tqdm=False)
+        assert outs[0].outputs[0].sampling_mask is not None
+        mask = pairs(lambda: timed(off, prompts, params), lambda: timed(on, prompts, params),
+                     n_pairs)
+        support = pairs(lambda: timed(on, prompts, params),
+                        lambda: timed(on, prompts, with_logprobs), n_pairs)
+        rows.append({"batch": batch, "mask_on_vs_off": verdict(mask, goal, max_iqr),
+                     "support_logprobs_vs_mask_only": verdict(support, goal, max_iqr)})
+        print(json.dumps({"batch": batch, **{k: {x: rows[-1][k][x] for x in
+                                                  ("median", "iqr", "status")}
+                                              for k in ("mask_on_vs_off",
+                                                        "support_logprobs_vs_mask_only")}}),
+              flush=True)
+    del off, on
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["demo", "vocab151936"])
+    ap.add_argument("--batches", type=int, nargs="+", default=[8, 32, 64])
+    ap.add_argument("--pairs", type=int, default=9)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--goal", type=float, default=0.97)
+    ap.add_argument("--max-iqr", type=float, default=0.03)
+    ap.add_argument("--json", default=None, help="also write the figures to this file")
+    args = ap.parse_args()
+    if args.pairs < 4:
+        ap.error("--pairs must be at least 4 for quartiles (the protocol says 9)")
+
+    import vllm
+    from vllm_sampling_mask import DEMO_MODEL
+    paths = {"demo": DEMO_MODEL,
+             "vocab151936": os.path.join(tempfile.gettempdir(), "vsm-bench-vocab151936")}
+    report = {"vllm": vllm.__version__, "cpus": os.cpu_count(),
+              "load_before": os.getloadavg(), "pairs": args.pairs,
+              "max_tokens": args.max_tokens, "goal": args.goal, "max_iqr": args.max_iqr,
+              "models": {}}
+    for name in args.models:
+        path = paths[name] if name == "demo" else make_random_model(paths[name])
+        print(f"== {name} (vLLM {vllm.__version__})", flush=True)
+        report["models"][name] = measure(path, args.batches, args.pairs, args.max_tokens,
+                                         args.goal, args.max_iqr)
+    report["load_after"] = os.getloadavg()
+    print(f"\nV1 runner, vLLM {vllm.__version__}, {args.max_tokens} tokens, top_k 50, "
+          f"top_p 0.95, {args.pairs} alternating pairs per point; load "
+          f"{report['load_before'][0]:.2f} before, {report['load_after'][0]:.2f} after")
+    print(f"{'model':>12} {'batch':>5} | {'on/off median [IQR]':>26} {'':>12} | "
+          f"{'logprobs/mask-only [IQR]':>26} {'':>12}")
+    for name, rows in report["models"].items():
+        for row in rows:
+            cells = []
+            for key in ("mask_on_vs_off", "support_logprobs_vs_mask_only"):
+                v = row[key]
+                cells.append(f"{v['median']:.3f} [{v['q1']:.3f}, {v['q3']:.3f}]"
+                             f" {v['status']:>12}")
+            print(f"{name:>12} {row['batch']:>5} | {cells[0]:>39} | {cells[1]:>39}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
