@@ -77,8 +77,11 @@ class MaskAccumulator:
         if self.reason is not None:
             raise ValueError("MaskAccumulator.append: the mask has stopped ("
                              f"{self.reason}); count later tokens with skip")
-        ids, counts = _raw(ids, "<i4"), _raw(counts, "<i4")
-        k, n = _nbytes(ids) // 4, _nbytes(counts) // 4
+        if type(ids) is bytes and type(counts) is bytes:   # the engine core's (the hot path)
+            k, n = len(ids) // 4, len(counts) // 4
+        else:
+            ids, counts = _raw(ids, "<i4"), _raw(counts, "<i4")
+            k, n = _nbytes(ids) // 4, _nbytes(counts) // 4
         ids_, counts_, logprobs_, log_kept_ = self._pending
         if self.with_logprobs:
             if logprobs is None or log_kept is None:

@@ -130,17 +130,17 @@ def plan_layout(top_k, vocab_size: int, *, max_size: int = DEFAULT_MAX_SIZE,
     `worst_case` (the memory-profiling run) takes the largest layout a step of
     that many rows can use.
     """
-    k = np.asarray(top_k, dtype=np.int64).reshape(-1)   # no per-row Python
+    k = np.asarray(top_k).reshape(-1)   # no per-row Python
     rows = k.size
     cap = max(1, min(max_size, vocab_size))
     if worst_case:
         return MaskLayout(rows, cap, 0, vocab_size, max_size)
     if rows == 0:
         widest = 1
-    elif ((k > 0) & (k < vocab_size)).all():
-        widest = int(k.max())
     else:
-        widest = vocab_size   # a row without top-k
+        lowest, widest = int(k.min()), int(k.max())
+        if lowest <= 0 or widest >= vocab_size:
+            widest = vocab_size   # a row without top-k
     width = max(1, min(cap, widest + settings.tie_margin))
     slots = min(rows, settings.spare_wide_slots) if width < cap else 0
     return MaskLayout(rows, width, slots, vocab_size, max_size)

@@ -227,16 +227,16 @@ def decode(block: np.ndarray, layout: MaskLayout, row_of: np.ndarray,
     counts[: layout.rows] = meta[:, 0]
     if num_sampled is not None:
         sampled = np.asarray(num_sampled)[: len(row_of)]
-        masked = row_of >= 0
-        counts[row_of[masked][sampled[masked] == 0]] = 0
+        counts[row_of[(row_of >= 0) & (sampled == 0)]] = 0
     wide, lost = {}, set()
-    for r in np.flatnonzero((counts > layout.width)
-                            & (counts <= layout.max_size)).tolist():
-        slot, start_word = int(meta[r, 1]), int(meta[r, 2])
-        if slot == NO_SLOT or not 0 <= slot < layout.slots:
-            lost.add(r)
-        else:
-            wide[r] = unpack_wide_row(ids[r], bits[slot], start_word)
+    over = counts > layout.width
+    if over.any():   # rare: ties past W, or a support over the size limit
+        for r in np.flatnonzero(over & (counts <= layout.max_size)).tolist():
+            slot, start_word = int(meta[r, 1]), int(meta[r, 2])
+            if slot == NO_SLOT or not 0 <= slot < layout.slots:
+                lost.add(r)
+            else:
+                wide[r] = unpack_wide_row(ids[r], bits[slot], start_word)
     stored = np.minimum(counts, layout.width).astype(np.int64)   # idle rows: 0
     for r, support in wide.items():
         stored[r] = len(support)
