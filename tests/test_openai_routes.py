@@ -189,7 +189,10 @@ def test_a_mask_error_mid_stream_is_an_error_event_with_its_message(client, serv
     with pytest.raises(openai.APIError, match=f"--max-sampling-mask-size {LIMIT}"):
         for chunk in stream:
             received.append(chunk)
-    assert len(received) == len(chunks)
+    # the same tokens before the error (a loaded server may coalesce tokens into
+    # fewer chunks, so compare what they carry, not how many there are)
+    assert ("".join(c.choices[0].text for c in received)
+            == "".join(chunk["choices"][0]["text"] for chunk in chunks))
     assert_healthy(server)
     # the switch unset: the same stream runs to its end; the chunks before the wide
     # step keep their masks, that chunk and every later one carry null and the reason
@@ -203,7 +206,12 @@ def test_a_mask_error_mid_stream_is_an_error_event_with_its_message(client, serv
     assert all("error" not in json.loads(e) for e in events[:-1])
     assert served[-1]["finish_reason"] in ("length", "stop"), served[-1]
     kept = [c for c in served if c.get("sampling_mask") is not None]
-    assert served[:len(kept)] == kept and len(kept) == len(chunks)   # the same prefix
+    assert served[:len(kept)] == kept and kept                      # a prefix
+    # the tokens masked are those streamed before the wide step (a chunk that
+    # reaches it carries null, so coalesced chunks may mask fewer of them)
+    masked = [t for c in kept for t in c["token_ids"]]
+    before = [t for chunk in chunks for t in chunk["choices"][0]["token_ids"]]
+    assert masked == before[:len(masked)]
     assert all(c["sampling_mask"] is None and f"--max-sampling-mask-size {LIMIT}"
                in c["sampling_mask_reason"] for c in served[len(kept):])
 
