@@ -206,7 +206,7 @@ def test_a_mask_error_mid_stream_is_an_error_event_with_its_message(client, serv
     assert all("error" not in json.loads(e) for e in events[:-1])
     assert served[-1]["finish_reason"] in ("length", "stop"), served[-1]
     kept = [c for c in served if c.get("sampling_mask") is not None]
-    assert served[:len(kept)] == kept and kept                      # a prefix
+    assert served[:len(kept)] == kept                               # a prefix
     # the tokens masked are those streamed before the wide step (a chunk that
     # reaches it carries null, so coalesced chunks may mask fewer of them)
     masked = [t for c in kept for t in c["token_ids"]]
