@@ -37,7 +37,7 @@ def client():
         REGISTRY["validation_messages"].targets_for(patching.upstream_release())[0])
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-    from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateRequest
+    GenerateRequest = patching.upstream("GenerateRequest", "generate_protocol")
 
     app = FastAPI()
     app.state.args = Namespace(log_error_stack=False)

@@ -36,7 +36,10 @@ class ReplayCheckError(Exception):
 
 
 def _client_errors() -> dict[str, type]:
-    from vllm.exceptions import VLLMClientError, VLLMValidationError
+    # `VLLMValidationError` is the one client-error class every supported release
+    # has and answers with HTTP 400 (0.24 has no `VLLMClientError`; from 0.27 it is
+    # a `VLLMClientError`, answered the same way)
+    from vllm.exceptions import VLLMValidationError
 
     class SamplingMaskRequestError(VLLMValidationError, ValueError):
         """A sampling-mask request the engine cannot serve: a 400 at the HTTP
@@ -46,9 +49,10 @@ def _client_errors() -> dict[str, type]:
         """A request the input processor refuses (a token id outside the model,
         an integer beyond 64 bits, ...): HTTP 400; a ValueError for `LLM`."""
 
-    class SamplingMaskGenerationError(VLLMClientError):
+    class SamplingMaskGenerationError(VLLMValidationError):
         """A completion whose mask could not be taken (`sampling_mask_error`): the
-        client gets its message with HTTP 400, or as an error event in a stream."""
+        client gets its message with HTTP 400 (no parameter), or as an error event
+        in a stream."""
 
     classes = {c.__name__: c for c in (SamplingMaskRequestError, RequestInputError,
                                        SamplingMaskGenerationError)}
