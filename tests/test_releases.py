@@ -54,13 +54,15 @@ def _changed(before: Release, after: Release) -> dict:
 def test_0_27_is_0_24_plus_what_it_changed():
     """vLLM 0.24.0 (verl 0.9.1's pin), the oldest: 0.27.1 moved the generate route
     from `serve.disagg` to `scale_out.token_in_token_out` and added
-    `VLLMClientError`; the rest (no upstream mask, both `n > 1` bugs, the app, the
+    `VLLMClientError` (`SamplingParams` refuses with it, not a plain ValueError), and
+    its CPU fused-MoE path runs; the rest (no upstream mask, both `n > 1` bugs, the app, the
     schema-error handler, Python 3.10) is as 0.24 has it."""
     v24, v27 = RELEASES[0], RELEASES[1]
     assert v24.version == "0.24.0" and v27.version == "0.27.1"
     tito = "vllm.entrypoints.scale_out.token_in_token_out"
     assert _changed(v24, v27) == {
         "client_error": "VLLMClientError", "triton": "3.9", "cpu_extra": True,
+        "plain_sampling_refusals": False, "cpu_moe_runs": True,
         "generate_protocol": f"{tito}.protocol", "generate_serving": f"{tito}.serving",
         "generate_router": f"{tito}.api_router"}
     for role in ("generate_protocol", "generate_serving", "generate_router"):
@@ -209,6 +211,23 @@ def test_plain_sampling_refusals_is_what_the_release_raises(release):
         SamplingParams(top_k=-2)
     assert (type(caught.value) is ValueError) == release.plain_sampling_refusals
     assert str(caught.value).startswith("top_k must")
+
+
+def test_cpu_moe_runs_is_what_the_release_does(release):
+    """`release.cpu_moe_runs`: the CPU fused-MoE torch path's SiLU runs outside a vLLM
+    config (0.27 on), or builds a CustomOp that needs one and fails (0.24)."""
+    cpu_fused_moe = pytest.importorskip("vllm.model_executor.layers.fused_moe.cpu_fused_moe")
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+
+    import torch
+
+    silu = cpu_fused_moe._CPU_MOE_ACT_FN[MoEActivation.SILU]
+    try:
+        silu(torch.ones(2, 4))
+    except AssertionError as exc:
+        assert not release.cpu_moe_runs and "Current vLLM config is not set" in str(exc)
+    else:
+        assert release.cpu_moe_runs
 
 
 def test_the_client_error_class_is_what_the_release_has(release):

