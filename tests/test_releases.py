@@ -242,5 +242,8 @@ def test_the_client_error_class_is_what_the_release_has(release):
                                                                    "VLLMClientError")
     from vllm_sampling_mask import errors
 
-    # the overlay's client errors are answered 400 on every release
-    assert issubclass(errors.SamplingMaskGenerationError, exceptions.VLLMValidationError)
+    # the overlay's mask-path error is the release's client error (answered 400, no
+    # parameter): a VLLMClientError as before from 0.27, a VLLMValidationError on 0.24
+    assert issubclass(errors.SamplingMaskGenerationError, base)
+    assert issubclass(errors.SamplingMaskGenerationError, exceptions.VLLMValidationError) \
+        == (release.client_error == "VLLMValidationError")
