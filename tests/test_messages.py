@@ -37,7 +37,7 @@ def client():
         REGISTRY["validation_messages"].targets_for(patching.upstream_release())[0])
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-    from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateRequest
+    GenerateRequest = patching.upstream("GenerateRequest", "generate_protocol")
 
     app = FastAPI()
     app.state.args = Namespace(log_error_stack=False)
@@ -145,6 +145,20 @@ def test_describe_without_a_route():
     param, message = describe(errors)
     assert param == "f0" and message.count("must be an integer") == 3
     assert message.endswith("(2 more problems.)")
+
+
+def test_a_refusal_raised_while_building_sampling_params_names_its_field():
+    """0.24's `SamplingParams` refuses a value with a plain ValueError, which pydantic
+    reports at `sampling_params`: the parameter its message starts with is named."""
+    error = {"type": "value_error", "loc": ("body", "sampling_params"),
+             "msg": "Value error, top_k must be 0 (disable), or at least 1, got -2.",
+             "input": {"top_k": -2}, "ctx": {"error": ValueError(
+                 "top_k must be 0 (disable), or at least 1, got -2.")}}
+    assert describe([error]) == ("sampling_params.top_k",
+                                 "top_k must be 0 (disable), or at least 1, got -2.")
+    # a message naming no sampling parameter stays at sampling_params
+    error["ctx"] = {"error": ValueError("something else")}
+    assert describe([error])[0] == "sampling_params"
 
 
 def test_a_refusal_is_one_log_line():

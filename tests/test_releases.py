@@ -23,8 +23,9 @@ from vllm_sampling_mask.releases import RELEASES, Release
 # role -> the name the release's module of that role must define
 ROLE_NAMES = {"app": "build_app", "app_state": "init_app_state",
               "cli_args": "make_arg_parser", "error_response": "ErrorResponse",
-              "validation_handler": "validation_exception_handler"}
-TITO = "vllm.entrypoints.scale_out.token_in_token_out"
+              "validation_handler": "validation_exception_handler",
+              "generate_protocol": "GenerateRequest", "generate_serving": "ServingTokens",
+              "generate_router": "router"}
 
 
 def test_releases_are_listed_oldest_first_each_once():
@@ -33,6 +34,43 @@ def test_releases_are_listed_oldest_first_each_once():
     assert SUPPORTED_VLLM == tuple(r.version for r in RELEASES)
     for release in RELEASES:
         assert set(release.modules) == set(ROLE_NAMES), release.version
+
+
+def test_the_supported_releases_in_order():
+    assert SUPPORTED_VLLM == ("0.24.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0",
+                              "0.32.0")
+
+
+def _changed(before: Release, after: Release) -> dict:
+    """What `after`'s profile changed from `before`'s: the fields, and the roles
+    whose module moved."""
+    fields = {f.name for f in dataclasses.fields(Release)} - {"version", "modules"}
+    out = {f: getattr(after, f) for f in fields if getattr(after, f) != getattr(before, f)}
+    out.update({role: module for role, module in after.modules.items()
+                if before.modules[role] != module})
+    return out
+
+
+def test_0_27_is_0_24_plus_what_it_changed():
+    """vLLM 0.24.0 (verl 0.9.1's pin), the oldest: 0.27.1 moved the generate route
+    from `serve.disagg` to `scale_out.token_in_token_out` and added
+    `VLLMClientError` (`SamplingParams` refuses with it, not a plain ValueError), and
+    its CPU fused-MoE path runs; the rest (no upstream mask, both `n > 1` bugs, the app, the
+    schema-error handler, Python 3.10) is as 0.24 has it."""
+    v24, v27 = RELEASES[0], RELEASES[1]
+    assert v24.version == "0.24.0" and v27.version == "0.27.1"
+    tito = "vllm.entrypoints.scale_out.token_in_token_out"
+    assert _changed(v24, v27) == {
+        "client_error": "VLLMClientError", "triton": "3.9", "cpu_extra": True,
+        "plain_sampling_refusals": False, "cpu_moe_runs": True,
+        "generate_protocol": f"{tito}.protocol", "generate_serving": f"{tito}.serving",
+        "generate_router": f"{tito}.api_router"}
+    for role in ("generate_protocol", "generate_serving", "generate_router"):
+        assert v24.module(role).startswith("vllm.entrypoints.serve.disagg."), role
+    assert v24.client_error == "VLLMValidationError"
+    assert not v24.upstream_mask and v24.generate_n_unstreamed_bug
+    assert v24.generate_n_stream_bug and v24.generate_route_option == ()
+    assert v24.python == (3, 10) and v24.triton == "3.6"
 
 
 def test_spans_and_the_one_fallback():
@@ -124,14 +162,14 @@ def test_upstream_mask_is_what_the_release_has(release):
 
 
 def test_the_generate_route_classes_exist(release):
-    protocol = importlib.import_module(f"{TITO}.protocol")
+    protocol = importlib.import_module(release.module("generate_protocol"))
     for response, choice in release.generate_choices.items():
         assert hasattr(protocol, response) and hasattr(protocol, choice)
     assert isinstance(getattr(protocol, release.generate_response), type)
 
 
 def test_the_generate_route_n_bugs_are_what_the_release_has(release):
-    serving = importlib.import_module(f"{TITO}.serving").ServingTokens
+    serving = importlib.import_module(release.module("generate_serving")).ServingTokens
     stream = inspect.getsource(serving.serve_tokens_stream_generator.__wrapped__)
     assert ("[0] * len(res.outputs)" in stream) == release.generate_n_stream_bug
     # unstreamed requests keep upstream's default (cumulative) output kind
@@ -141,10 +179,71 @@ def test_the_generate_route_n_bugs_are_what_the_release_has(release):
 
 
 def test_the_generate_route_option_is_what_the_release_gates_it_with(release):
-    gated = importlib.util.find_spec("vllm.entrypoints.scale_out.factories") is not None
+    gated = (importlib.util.find_spec("vllm.entrypoints.scale_out") is not None and
+             importlib.util.find_spec("vllm.entrypoints.scale_out.factories") is not None)
     if gated:
         source = inspect.getsource(importlib.import_module(
             "vllm.entrypoints.scale_out.factories"))
         gated = "enable_scale_out" in source
     assert bool(release.generate_route_option) == gated
     assert all(o.startswith("--") for o in release.generate_route_option)
+
+
+def test_the_generate_route_modules_serve_its_path(release):
+    """The release's router module declares `/inference/v1/generate`, and its
+    serving and protocol modules are the ones the router uses."""
+    router = importlib.import_module(release.module("generate_router"))
+    assert "/inference/v1/generate" in {r.path for r in router.router.routes}
+    serving = importlib.import_module(release.module("generate_serving"))
+    assert router.ServingTokens is serving.ServingTokens
+    protocol = importlib.import_module(release.module("generate_protocol"))
+    assert router.GenerateRequest is protocol.GenerateRequest
+
+
+def test_plain_sampling_refusals_is_what_the_release_raises(release):
+    """`release.plain_sampling_refusals`: whether `SamplingParams` refuses a bad value
+    with a plain ValueError (0.24) rather than the release's client-error class."""
+    import vllm.exceptions as exceptions
+    from vllm import SamplingParams
+
+    with pytest.raises(ValueError if release.plain_sampling_refusals
+                       else getattr(exceptions, release.client_error)) as caught:
+        SamplingParams(top_k=-2)
+    assert (type(caught.value) is ValueError) == release.plain_sampling_refusals
+    assert str(caught.value).startswith("top_k must")
+
+
+def test_cpu_moe_runs_is_what_the_release_does(release):
+    """`release.cpu_moe_runs`: the CPU fused-MoE torch path's SiLU runs outside a vLLM
+    config (0.27 on), or builds a CustomOp that needs one and fails (0.24)."""
+    cpu_fused_moe = pytest.importorskip("vllm.model_executor.layers.fused_moe.cpu_fused_moe")
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+
+    import torch
+
+    silu = cpu_fused_moe._CPU_MOE_ACT_FN[MoEActivation.SILU]
+    try:
+        silu(torch.ones(2, 4))
+    except AssertionError as exc:
+        assert not release.cpu_moe_runs and "Current vLLM config is not set" in str(exc)
+    else:
+        assert release.cpu_moe_runs
+
+
+def test_the_client_error_class_is_what_the_release_has(release):
+    """`release.client_error` names the release's base of client errors: every
+    client error class of `vllm.exceptions` derives from it where the release has
+    `VLLMClientError` (0.27 on), else it is `VLLMValidationError` (0.24)."""
+    import vllm.exceptions as exceptions
+
+    base = getattr(exceptions, release.client_error)
+    assert issubclass(exceptions.VLLMValidationError, base)
+    assert (release.client_error == "VLLMClientError") == hasattr(exceptions,
+                                                                   "VLLMClientError")
+    from vllm_sampling_mask import errors
+
+    # the overlay's mask-path error is the release's client error (answered 400, no
+    # parameter): a VLLMClientError as before from 0.27, a VLLMValidationError on 0.24
+    assert issubclass(errors.SamplingMaskGenerationError, base)
+    assert issubclass(errors.SamplingMaskGenerationError, exceptions.VLLMValidationError) \
+        == (release.client_error == "VLLMValidationError")

@@ -191,7 +191,7 @@ def test_entries_follow_the_span_they_name(tmp_path):
     # starts from there)
     assert _status(_findings(root, entries)) == {
         ("step", "vllm.engine.core.Engine.step"): PRESENT}
-    old = _findings(root, entries, version="0.27.1+cpu")
+    old = _findings(root, entries, version=SUPPORTED_VLLM[0] + "+cpu")   # the oldest
     assert [f.status for f in old.values()] == [CHANGED]
 
 

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
 import requests
 
-from vllm_sampling_mask import DEMO_MODEL, SamplingMask
+from vllm_sampling_mask import DEMO_MODEL, SamplingMask, patching
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,7 @@ def test_logprobs_keep_the_wire_of_the_release(server, tok):
     unchanged, as prime-rl's renderers read 0.27-0.31's): `"token": "token_id:N"`
     entries (OpenAI chat shape) up to 0.31, `{"token_id": N, ...}` (the protocol's
     `GenerateLogProbs`) from 0.32; the mask does not change them."""
-    from vllm.entrypoints.scale_out.token_in_token_out import protocol
+    protocol = importlib.import_module(patching.upstream_release().module("generate_protocol"))
 
     ids = tok("def main():\n    ", add_special_tokens=False)["input_ids"]
     r = generate(server, ids, temperature=1.0, top_k=20, max_tokens=4, logprobs=1, seed=2)

@@ -27,7 +27,7 @@ upstream_output = pytest.importorskip(
     "vllm.v1.worker.gpu.sample.output",
     reason="this vLLM has no Model Runner V2 sampler output")
 if not hasattr(upstream_output, "SamplingMaskTensors"):
-    pytest.skip("this vLLM release (0.27.1) has no sampling mask of its own to agree with",
+    pytest.skip("this vLLM release (0.24.0, 0.27.1) has no sampling mask of its own to agree with",
                 allow_module_level=True)
 
 from test_extraction_kernel import hostile_logits  # noqa: E402

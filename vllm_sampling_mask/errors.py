@@ -36,7 +36,14 @@ class ReplayCheckError(Exception):
 
 
 def _client_errors() -> dict[str, type]:
-    from vllm.exceptions import VLLMClientError, VLLMValidationError
+    import vllm.exceptions
+    from vllm.exceptions import VLLMValidationError
+
+    from vllm_sampling_mask.patching import upstream_release
+
+    # the release's class of client errors (`Release.client_error`: `VLLMClientError`
+    # from 0.27, answered 400 without a parameter; 0.24 has only `VLLMValidationError`)
+    ClientError = getattr(vllm.exceptions, upstream_release().client_error)
 
     class SamplingMaskRequestError(VLLMValidationError, ValueError):
         """A sampling-mask request the engine cannot serve: a 400 at the HTTP
@@ -46,9 +53,10 @@ def _client_errors() -> dict[str, type]:
         """A request the input processor refuses (a token id outside the model,
         an integer beyond 64 bits, ...): HTTP 400; a ValueError for `LLM`."""
 
-    class SamplingMaskGenerationError(VLLMClientError):
+    class SamplingMaskGenerationError(ClientError):
         """A completion whose mask could not be taken (`sampling_mask_error`): the
-        client gets its message with HTTP 400, or as an error event in a stream."""
+        client gets its message with HTTP 400 (no parameter), or as an error event
+        in a stream."""
 
     classes = {c.__name__: c for c in (SamplingMaskRequestError, RequestInputError,
                                        SamplingMaskGenerationError)}

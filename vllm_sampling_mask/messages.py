@@ -117,6 +117,11 @@ def sentence(error: dict, nullable: bool | None = None) -> tuple[str, str]:
         text = text.strip()
         if param == "body" and named:
             param = named
+        elif (not named and param.split(".")[-1] == "sampling_params"
+              and (field := param_in_message(text))):
+            # upstream's own refusal of one of its values, raised while pydantic
+            # built the object ("top_k must be ...": a plain ValueError on 0.24)
+            param = f"{param}.{field}"
         if param != "body" and not text.startswith(param.split(".")[-1]):
             text = f"{param}: {text}"
         return param, text if text.endswith((".", "?", "!", ")")) else text + "."

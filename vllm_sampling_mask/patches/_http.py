@@ -163,7 +163,7 @@ def declare_openai_fields(module, request: str, choice: str, response: str) -> N
                                   self.return_sampling_mask_logprobs)
 
 
-async def create_with_masks(serving, wrapped, args, kwargs, error_response: type):
+async def create_with_masks(serving, wrapped, args, kwargs, release: Release):
     """The route's `create_*` entry: a mask error raised while the response was
     built becomes an HTTP 400 carrying its message, and a stream of a request
     that concerns masks (the engine flag on, or the body field set) starts only
@@ -171,8 +171,10 @@ async def create_with_masks(serving, wrapped, args, kwargs, error_response: type
     from vllm_sampling_mask.config import serving_mask_enabled
 
     request = argument(wrapped, args, kwargs, "request")
+    error_response = error_response_class(release)
     try:
-        result = answered(await refusing(wrapped(*args, **kwargs), wrapped.__name__),
+        result = answered(await refusing(wrapped(*args, **kwargs), wrapped.__name__,
+                                         release),
                           wrapped.__name__, error_response)
     except SamplingMaskGenerationError as exc:
         return serving.create_error_response(exc)
@@ -360,7 +362,13 @@ def error_response_class(release: Release) -> type:
     return importlib.import_module(release.module("error_response")).ErrorResponse
 
 
-async def refusing(call, where: str, prefix: str = ""):
+def client_error_class(release: Release) -> type:
+    """The release's class of client errors (`release.client_error`: 0.24 has no
+    `VLLMClientError`, only `VLLMValidationError`)."""
+    return getattr(importlib.import_module("vllm.exceptions"), release.client_error)
+
+
+async def refusing(call, where: str, release: Release, prefix: str = ""):
     """Await a route's call; a client error it raises (vLLM 0.32 raises refusals to
     the app's exception handlers, 0.27.1 returns them: `answered`) gets its
     `parameter` filled from its message where upstream left it None
@@ -368,34 +376,49 @@ async def refusing(call, where: str, prefix: str = ""):
     (`messages.refusal_line`), then propagates unchanged otherwise."""
     import logging
 
-    from vllm.exceptions import VLLMClientError
-
     from vllm_sampling_mask.messages import param_in_message, refusal_line
 
+    client_error = client_error_class(release)
     try:
         return await call
-    except VLLMClientError as exc:
+    except (client_error, *refused_plainly(release)) as exc:
         if isinstance(exc, SamplingMaskGenerationError):
             raise
-        if getattr(exc, "parameter", "") is None and (named := param_in_message(
-                str(exc.args[0]) if exc.args else "")):
+        named = param_in_message(str(exc.args[0]) if exc.args else "")
+        if not isinstance(exc, client_error) and named:
+            # a plain ValueError naming a sampling parameter (0.24): the client error
+            # it is elsewhere, with that parameter
+            from vllm.exceptions import VLLMValidationError
+
+            named_error = VLLMValidationError(str(exc.args[0]), parameter=prefix + named)
+            logging.getLogger("vllm.sampling_mask").info(
+                "%s", refusal_line(named_error, where))
+            raise named_error from exc
+        if getattr(exc, "parameter", "") is None and named:
             exc.parameter = prefix + named
         logging.getLogger("vllm.sampling_mask").info("%s", refusal_line(exc, where))
         raise
 
 
-def naming_sampling_refusals(cls, data, handler):
+def refused_plainly(release: Release) -> tuple[type, ...]:
+    """What else the routes answer as a refusal, beside the client-error class:
+    `ValueError` where upstream refuses a sampling value with a plain one
+    (`release.plain_sampling_refusals`)."""
+    return (ValueError,) if release.plain_sampling_refusals else ()
+
+
+def naming_sampling_refusals(cls, data, handler, release: Release):
     """A wrap-validator for `/inference/v1/generate`'s body: upstream's own refusal of
     a sampling parameter, raised while pydantic builds `sampling_params` ("top_k must
     be 0 (disable), or at least 1, got -2.", no parameter), names
-    `sampling_params.<name>` (`messages.param_in_message`)."""
-    from vllm.exceptions import VLLMClientError
-
+    `sampling_params.<name>` (`messages.param_in_message`). (On 0.24 a client error
+    is a ValueError, which pydantic turns into a schema error before it gets here:
+    `validation_messages` words that one.)"""
     from vllm_sampling_mask.messages import param_in_message
 
     try:
         return handler(data)
-    except VLLMClientError as exc:
+    except client_error_class(release) as exc:
         if getattr(exc, "parameter", "") is None and (named := param_in_message(
                 str(exc.args[0]) if exc.args else "")):
             exc.parameter = "sampling_params." + named

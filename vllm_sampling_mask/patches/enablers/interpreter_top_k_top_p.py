@@ -1,7 +1,7 @@
 """Run vLLM's Triton top-k/top-p kernel under Triton's interpreter.
 
 What: under TRITON_INTERPRET=1, wraps `triton.runtime.interpreter._patch_lang_core`
-    (Triton 3.9) so that, inside every interpreted kernel (not only this
+    (Triton 3.9; 3.6 on vLLM 0.24) so that, inside every interpreted kernel (not only this
     one), `tl.range` yields scalar Triton integer tensors instead of Python
     ints, as compiled Triton does (so its integer arithmetic wraps as on a GPU). Their dtype is the one
     compiled Triton gives the loop variable: start, end and step promoted
@@ -46,7 +46,8 @@ def _loop_type(bounds, tl, semantic):
     for bound in bounds:
         if isinstance(bound, tl.constexpr):
             bound = bound.value
-        bty = bound.dtype if isinstance(bound, tl.tensor) else semantic.to_tensor_type(bound)
+        # (`to_tensor`: Triton 3.6, torch 2.11's, has no `to_tensor_type`)
+        bty = bound.dtype if isinstance(bound, tl.tensor) else semantic.to_tensor(bound).dtype
         ty = bty if ty is None else semantic.integer_promote_impl(ty, bty)
     return ty
 

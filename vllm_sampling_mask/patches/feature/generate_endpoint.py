@@ -1,6 +1,8 @@
 """`choices[].sampling_mask` from `POST /inference/v1/generate`, streamed or not.
 
-What: in `vllm/entrypoints/scale_out/token_in_token_out/serving.py`, wraps
+What: in the generate route's serving module (`release.module("generate_serving")`:
+    `vllm/entrypoints/scale_out/token_in_token_out/serving.py`, on 0.24
+    `vllm/entrypoints/serve/disagg/serving.py`), wraps
     `ServingTokens.serve_tokens` to put the `return_sampling_mask` body field
     (declared by the `generate_protocol` patch) into the request's
     `SamplingParams.extra_args`, to run a non-streaming request with
@@ -25,11 +27,11 @@ Why: the token-in/token-out endpoint is the RL trainers' way in.
 Remove when: upstream returns the per-request, packed and support-logprob
     masks from this endpoint (0.32 returns lists engine-wide only; its own
     filling, from `CompletionOutput.sampling_mask.token_ids`, is overwritten
-    here in the request's format). Both n > 1 bugs are present in 0.27.1 and
+    here in the request's format). Both n > 1 bugs are present in 0.24.0 to 0.27.1 and
     fixed in 0.32 (FINAL_ONLY for every non-streamed request; stream counters
     sized by `sampling_params.n`): each applied where the release has it
-    (`release.generate_n_unstreamed_bug`: 0.27-0.28, fixed upstream in 0.29;
-    `generate_n_stream_bug`: 0.27-0.31).
+    (`release.generate_n_unstreamed_bug`: 0.24-0.28, fixed upstream in 0.29;
+    `generate_n_stream_bug`: 0.24-0.31).
 Upstream: the mask, vLLM #49577. The two n > 1 fixes (upstream bugs, kept in
     this module because they change the same three wrappers): no issue or PR
     known; would file "/inference/v1/generate: n > 1 returns fewer than n
@@ -52,9 +54,11 @@ from vllm_sampling_mask.releases import Release
 
 
 def apply(module, release: Release) -> None:
+    import importlib
+
     from vllm.sampling_params import RequestOutputKind
 
-    from vllm.entrypoints.scale_out.token_in_token_out import protocol
+    protocol = importlib.import_module(release.module("generate_protocol"))
 
     response_type = getattr(protocol, release.generate_response)
     error_response = error_response_class(release)
@@ -70,7 +74,7 @@ def apply(module, release: Release) -> None:
             # One final output holding every child of n > 1.
             request.sampling_params.output_kind = RequestOutputKind.FINAL_ONLY
         result = answered(await refusing(wrapped(*args, **kwargs), "serve_tokens",
-                                         "sampling_params."),
+                                         release, "sampling_params."),
                           "serve_tokens", error_response, "sampling_params.")
         if isinstance(result, AsyncGenerator) and (
                 on or request.return_sampling_mask is not None

@@ -1,7 +1,9 @@
 """`/inference/v1/generate` wire format: the `return_sampling_mask` body field
 in, `choices[].sampling_mask` out.
 
-What: in `vllm/entrypoints/scale_out/token_in_token_out/protocol.py`, replaces
+What: in the generate route's protocol module (`release.module("generate_protocol")`:
+    `vllm/entrypoints/scale_out/token_in_token_out/protocol.py`, on 0.24
+    `vllm/entrypoints/serve/disagg/protocol.py`), replaces
     `GenerateRequest` with a subclass that declares the top-level body field
     `return_sampling_mask: bool | None` (strict: "yes" is a 400 naming it;
     upstream's model ignores unknown fields) and `sampling_mask_format:
@@ -47,7 +49,8 @@ def apply(module, release: Release) -> None:
         _misplaced = model_validator(mode="before")(classmethod(
             lambda cls, data: refuse_misplaced_fields(cls, data, generate=True)))
         # upstream's own sampling refusals ("top_k must be ...") name sampling_params.top_k
-        _named = model_validator(mode="wrap")(classmethod(naming_sampling_refusals))
+        _named = model_validator(mode="wrap")(classmethod(
+            lambda cls, data, handler: naming_sampling_refusals(cls, data, handler, release)))
 
     module.GenerateRequest = GenerateRequest
     for response, choice in release.generate_choices.items():

@@ -18,6 +18,7 @@ Remove when: upstream serves the generate route with its sampling-mask flag.
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 from vllm_sampling_mask.patches._wrap import argument, wraps
@@ -37,7 +38,7 @@ def apply(module, release: Release) -> None:
                 or getattr(cli, "enable_scale_out", False)
                 or getattr(cli, "tokens_only", False)):
             return result   # served already, or not asked for
-        from vllm.entrypoints.scale_out.token_in_token_out import api_router
+        api_router = importlib.import_module(release.module("generate_router"))
 
         paths = {route.path for route in api_router.router.routes}
         app.router.routes[:] = [r for r in app.router.routes

@@ -22,18 +22,17 @@ from __future__ import annotations
 
 from vllm_sampling_mask.config import serving_mask_enabled
 from vllm_sampling_mask.patches._http import (StreamMasks, asks_logprobs, create_with_masks,
-                                              error_response_class, full_response_with_masks,
+                                              full_response_with_masks,
                                               packed_format)
 from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps
 from vllm_sampling_mask.releases import Release
 
 
 def apply(module, release: Release) -> None:
-    error_response = error_response_class(release)
 
     @wraps(module, "OpenAIServingChat.create_chat_completion")
     async def create_chat_completion(wrapped, self, args, kwargs):
-        return await create_with_masks(self, wrapped, args, kwargs, error_response)
+        return await create_with_masks(self, wrapped, args, kwargs, release)
 
     @wraps(module, "OpenAIServingChat.chat_completion_full_generator")
     async def chat_completion_full_generator(wrapped, self, args, kwargs):

@@ -24,18 +24,17 @@ from __future__ import annotations
 
 from vllm_sampling_mask.config import serving_mask_enabled
 from vllm_sampling_mask.patches._http import (StreamMasks, asks_logprobs, create_with_masks,
-                                              error_response_class, packed_format,
+                                              packed_format,
                                               raise_mask_errors, set_choice_mask)
 from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps
 from vllm_sampling_mask.releases import Release
 
 
 def apply(module, release: Release) -> None:
-    error_response = error_response_class(release)
 
     @wraps(module, "OpenAIServingCompletion.create_completion")
     async def create_completion(wrapped, self, args, kwargs):
-        return await create_with_masks(self, wrapped, args, kwargs, error_response)
+        return await create_with_masks(self, wrapped, args, kwargs, release)
 
     @wraps(module, "OpenAIServingCompletion.request_output_to_completion_response")
     def request_output_to_completion_response(wrapped, self, args, kwargs):

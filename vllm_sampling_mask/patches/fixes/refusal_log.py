@@ -5,8 +5,9 @@ What: on the API server's import (`vllm/entrypoints/openai/api_server.py`; on 0.
     `logging.Filter` to the loggers of the three routes' serving
     modules (`vllm/entrypoints/openai/completion/serving.py`,
     `.../chat_completion/serving.py`,
-    `vllm/entrypoints/scale_out/token_in_token_out/serving.py`). A record
-    carrying an exception that is a client error (`vllm.exceptions.VLLMClientError`:
+    the generate route's, `release.module("generate_serving")`). A record
+    carrying an exception that is a client error (`release.client_error`:
+    `vllm.exceptions.VLLMClientError`, on 0.24 `VLLMValidationError`:
     the input processor's checks, the mask's request checks) loses its traceback
     and reads `Request refused in <where>: <Error> (<parameter>): <message>`
     (`messages.refusal_line`). Every other record, server errors included, is
@@ -28,17 +29,22 @@ import logging
 from vllm_sampling_mask.messages import refusal_line
 from vllm_sampling_mask.releases import Release
 
+# the completion and chat routes' serving modules; the generate route's is the
+# release's (`generate_serving`)
 LOGGERS = ("vllm.entrypoints.openai.completion.serving",
-           "vllm.entrypoints.openai.chat_completion.serving",
-           "vllm.entrypoints.scale_out.token_in_token_out.serving")
+           "vllm.entrypoints.openai.chat_completion.serving")
 
 
 class OneLineRefusals(logging.Filter):
+    def __init__(self, client_error: str) -> None:
+        super().__init__()
+        self.client_error = client_error   # the release's class of client errors
+
     def filter(self, record: logging.LogRecord) -> bool:
-        from vllm.exceptions import VLLMClientError
+        import vllm.exceptions
 
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, VLLMClientError):
+        if isinstance(exc, getattr(vllm.exceptions, self.client_error)):
             where = str(record.getMessage()).rstrip(".").removeprefix("Error in ")
             record.msg, record.args = refusal_line(exc, where), ()
             record.exc_info = record.exc_text = None
@@ -49,7 +55,7 @@ class OneLineRefusals(logging.Filter):
 def apply(module, release: Release) -> None:
     # applied on the API server's import: the serving modules' loggers (vLLM's
     # `init_logger(__name__)`) are the same objects whenever they are imported
-    for name in LOGGERS:
+    for name in (*LOGGERS, release.module("generate_serving")):
         log = logging.getLogger(name)
         if not any(isinstance(f, OneLineRefusals) for f in log.filters):
-            log.addFilter(OneLineRefusals())
+            log.addFilter(OneLineRefusals(release.client_error))

@@ -70,8 +70,11 @@ def prompt_words() -> str:
 
 
 def apply(module, release: Release) -> None:
-    from vllm.exceptions import VLLMError
+    import vllm.exceptions
     from vllm.sampling_params import SamplingParams
+
+    # the release's class of client errors (0.24: `VLLMValidationError`, a ValueError)
+    client_error = getattr(vllm.exceptions, release.client_error)
 
     module.RequestInputError = RequestInputError  # where upstream code may look for it
 
@@ -112,9 +115,9 @@ def apply(module, release: Release) -> None:
     def process_inputs(wrapped, self, args, kwargs):
         try:
             request = wrapped(*args, **kwargs)
-        except (ValueError, VLLMError) as exc:
+        except (ValueError, client_error) as exc:
             structured = _raised_in(exc, "_validate_structured_outputs")
-            if isinstance(exc, VLLMError) and not (
+            if isinstance(exc, client_error) and not (
                     structured and getattr(exc, "parameter", None) is None):
                 raise   # a client error already, naming its parameter
             parameter = "structured_outputs" if structured else None
