@@ -36,14 +36,20 @@ class ReplayCheckError(Exception):
 
 
 def _client_errors() -> dict[str, type]:
+    import vllm
     import vllm.exceptions
     from vllm.exceptions import VLLMValidationError
 
-    from vllm_sampling_mask.patching import upstream_release
+    from vllm_sampling_mask.releases import by_version
 
     # the release's class of client errors (`Release.client_error`: `VLLMClientError`
-    # from 0.27, answered 400 without a parameter; 0.24 has only `VLLMValidationError`)
-    ClientError = getattr(vllm.exceptions, upstream_release().client_error)
+    # from 0.27, answered 400 without a parameter; 0.24 has only `VLLMValidationError`).
+    # The release is read from `releases`, not `patching` (which imports this module);
+    # an unlisted one never gets here with the overlay on: `patching` refuses it first.
+    release = by_version(vllm.__version__)
+    if release is None:
+        raise UpstreamVersionError(f"vLLM {vllm.__version__} is not a supported release")
+    ClientError = getattr(vllm.exceptions, release.client_error)
 
     class SamplingMaskRequestError(VLLMValidationError, ValueError):
         """A sampling-mask request the engine cannot serve: a 400 at the HTTP
