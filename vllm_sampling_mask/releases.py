@@ -105,6 +105,14 @@ def _after(previous: Release, version: str, *, modules: Mapping[str, str] = (),
     return replace(previous, version=version, modules=_frozen(moved), **changes)
 
 
+def _generate_route(package: str) -> dict[str, str]:
+    """The generate route's roles in `package`: its request and response classes
+    (`protocol`), its serving class (`serving`), its router (`api_router`)."""
+    return {"generate_protocol": f"{package}.protocol",
+            "generate_serving": f"{package}.serving",
+            "generate_router": f"{package}.api_router"}
+
+
 V0_24 = Release(
     version="0.24.0",
     modules=_frozen({
@@ -115,11 +123,8 @@ V0_24 = Release(
         "error_response": "vllm.entrypoints.openai.engine.protocol",
         # where `build_app` registers the schema-error handler the overlay rewrites
         "validation_handler": "vllm.entrypoints.openai.api_server",
-        # the token-in/token-out route `/inference/v1/generate`: its request and
-        # response classes, its serving class, its router
-        "generate_protocol": "vllm.entrypoints.serve.disagg.protocol",
-        "generate_serving": "vllm.entrypoints.serve.disagg.serving",
-        "generate_router": "vllm.entrypoints.serve.disagg.api_router",
+        # the token-in/token-out route `/inference/v1/generate`
+        **_generate_route("vllm.entrypoints.serve.disagg"),
     }),
     upstream_mask=False,
     generate_choices=_frozen({"GenerateResponse": "GenerateResponseChoice"}),
@@ -140,9 +145,7 @@ V0_24 = Release(
 # its CPU wheel pins torch 2.13.0+cpu (Triton 3.9), which installs through the extra
 V0_27 = _after(
     V0_24, "0.27.1",
-    modules={"generate_protocol": "vllm.entrypoints.scale_out.token_in_token_out.protocol",
-             "generate_serving": "vllm.entrypoints.scale_out.token_in_token_out.serving",
-             "generate_router": "vllm.entrypoints.scale_out.token_in_token_out.api_router"},
+    modules=_generate_route("vllm.entrypoints.scale_out.token_in_token_out"),
     client_error="VLLMClientError",
     plain_sampling_refusals=False,
     cpu_moe_runs=True,
