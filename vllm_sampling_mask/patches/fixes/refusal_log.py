@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 
 from vllm_sampling_mask.messages import refusal_line
+from vllm_sampling_mask.patches._http import client_error_class
 from vllm_sampling_mask.releases import Release
 
 # the completion and chat routes' serving modules; the generate route's is the
@@ -36,15 +37,13 @@ LOGGERS = ("vllm.entrypoints.openai.completion.serving",
 
 
 class OneLineRefusals(logging.Filter):
-    def __init__(self, client_error: str) -> None:
+    def __init__(self, client_error: type) -> None:
         super().__init__()
         self.client_error = client_error   # the release's class of client errors
 
     def filter(self, record: logging.LogRecord) -> bool:
-        import vllm.exceptions
-
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, getattr(vllm.exceptions, self.client_error)):
+        if isinstance(exc, self.client_error):
             where = str(record.getMessage()).rstrip(".").removeprefix("Error in ")
             record.msg, record.args = refusal_line(exc, where), ()
             record.exc_info = record.exc_text = None
@@ -58,4 +57,4 @@ def apply(module, release: Release) -> None:
     for name in (*LOGGERS, release.module("generate_serving")):
         log = logging.getLogger(name)
         if not any(isinstance(f, OneLineRefusals) for f in log.filters):
-            log.addFilter(OneLineRefusals(release.client_error))
+            log.addFilter(OneLineRefusals(client_error_class(release)))
