@@ -38,7 +38,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_v1_engine import make_random_model, run_worker  # noqa: E402
+from bench_v1_engine import model_path, run_worker  # noqa: E402
 
 OVERLAY = os.sep + "vllm_sampling_mask" + os.sep
 UPSTREAM = os.sep + "vllm" + os.sep
@@ -162,10 +162,7 @@ def main() -> None:
         worker(args.worker[0], args.worker[1] == "1", args.batch, args.max_tokens,
                args.repeats)
         return
-    from vllm_sampling_mask import DEMO_MODEL
-
-    path = DEMO_MODEL if args.model == "demo" else make_random_model(
-        os.path.join("/tmp", "vsm-bench-vocab151936"))
+    path = model_path(args.model)
     env = {k: v for k, v in os.environ.items()
            if k not in ("TRITON_INTERPRET", "VLLM_USE_V2_MODEL_RUNNER")}
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

@@ -18,6 +18,7 @@ The protocol the step-cost goal is judged by (docs/sampling_mask.md, "Cost"):
 
     python benchmarks/bench_step_cost.py
     python benchmarks/bench_step_cost.py --models demo --batches 32 --pairs 9
+    python benchmarks/bench_step_cost.py --models demo --batches 32 --both-off   # the check
     python benchmarks/bench_step_cost.py --json docs/step_cost_0.32.0.json
 
 Runs the V1 runner natively: TRITON_INTERPRET and VLLM_USE_V2_MODEL_RUNNER are
@@ -31,7 +32,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 for _name in ("TRITON_INTERPRET", "VLLM_USE_V2_MODEL_RUNNER"):
@@ -39,7 +39,7 @@ for _name in ("TRITON_INTERPRET", "VLLM_USE_V2_MODEL_RUNNER"):
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_v1_engine import make_random_model  # noqa: E402
+from bench_v1_engine import model_path  # noqa: E402
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -90,14 +90,15 @@ def pairs(first, second, n: int) -> list[float]:
 
 
 def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal: float,
-            max_iqr: float, support: bool = True) -> list[dict]:
+            max_iqr: float, support: bool = True, both_off: bool = False) -> list[dict]:
     from vllm import LLM
     common = dict(model=model, dtype="float32", max_model_len=512, enforce_eager=True,
                   seed=0, logprobs_mode="processed_logprobs",
                   kv_cache_memory_bytes=1 << 30, max_num_seqs=max(batches),
                   skip_tokenizer_init=True)
     off = LLM(**common)
-    on = LLM(**common, return_sampling_mask=True)
+    # `both_off`: the protocol's own check, the second engine with the mask off too
+    on = LLM(**common) if both_off else LLM(**common, return_sampling_mask=True)
     rows = []
     for batch in batches:
         prompts, params = workload(batch, max_tokens)
@@ -106,11 +107,11 @@ def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal:
         for llm in (off, on):                     # warm-up at this batch size
             llm.generate(prompts, params, use_tqdm=False)
         outs = on.generate(prompts[:1], params[:1], use_tqdm=False)
-        assert outs[0].outputs[0].sampling_mask is not None
+        assert (outs[0].outputs[0].sampling_mask is None) == both_off
         mask = pairs(lambda: timed(off, prompts, params), lambda: timed(on, prompts, params),
                      n_pairs)
         row = {"batch": batch, "mask_on_vs_off": verdict(mask, goal, max_iqr)}
-        if support:
+        if support and not both_off:
             row["support_logprobs_vs_mask_only"] = verdict(
                 pairs(lambda: timed(on, prompts, params),
                       lambda: timed(on, prompts, with_logprobs), n_pairs), goal, max_iqr)
@@ -118,7 +119,6 @@ def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal:
         print(json.dumps({"batch": batch, **{k: {x: v[x] for x in ("median", "iqr", "status")}
                                               for k, v in row.items() if k != "batch"}}),
               flush=True)
-    del off, on
     return rows
 
 
@@ -132,24 +132,25 @@ def main() -> None:
     ap.add_argument("--max-iqr", type=float, default=0.03)
     ap.add_argument("--no-support", action="store_true",
                     help="skip the support-logprobs vs mask-only pairs")
+    ap.add_argument("--both-off", action="store_true",
+                    help="the protocol's check: both engines with the mask off (the "
+                         "ratio the order alone gives)")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args()
     if args.pairs < 4:
         ap.error("--pairs must be at least 4 for quartiles (the protocol says 9)")
 
     import vllm
-    from vllm_sampling_mask import DEMO_MODEL
-    paths = {"demo": DEMO_MODEL,
-             "vocab151936": os.path.join(tempfile.gettempdir(), "vsm-bench-vocab151936")}
     report = {"vllm": vllm.__version__, "cpus": os.cpu_count(),
               "load_before": os.getloadavg(), "pairs": args.pairs,
               "max_tokens": args.max_tokens, "goal": args.goal, "max_iqr": args.max_iqr,
               "models": {}}
     for name in args.models:
-        path = paths[name] if name == "demo" else make_random_model(paths[name])
+        path = model_path(name)
         print(f"== {name} (vLLM {vllm.__version__})", flush=True)
         report["models"][name] = measure(path, args.batches, args.pairs, args.max_tokens,
-                                         args.goal, args.max_iqr, not args.no_support)
+                                         args.goal, args.max_iqr, not args.no_support,
+                                         args.both_off)
     report["load_after"] = os.getloadavg()
     print(f"\nV1 runner, vLLM {vllm.__version__}, {args.max_tokens} tokens, top_k 50, "
           f"top_p 0.95, {args.pairs} alternating pairs per point; load "

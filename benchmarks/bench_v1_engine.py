@@ -43,6 +43,15 @@ def make_random_model(path: str) -> str:
     return path
 
 
+def model_path(name: str) -> str:
+    """The benchmarks' models by name: "demo" (the demo model) or "vocab151936" (the
+    random-weight V = 151,936 Llama, made on first use in the temporary directory)."""
+    if name == "demo":
+        from vllm_sampling_mask import DEMO_MODEL
+        return DEMO_MODEL
+    return make_random_model(os.path.join(tempfile.gettempdir(), "vsm-bench-vocab151936"))
+
+
 def worker(model: str, mask_on: bool, batches: list[int], max_tokens: int,
            repeats: int) -> None:
     from vllm import LLM, SamplingParams
@@ -95,15 +104,12 @@ def main() -> None:
         return
     env = {k: v for k, v in os.environ.items()
            if k not in ("TRITON_INTERPRET", "VLLM_USE_V2_MODEL_RUNNER")}
-    from vllm_sampling_mask import DEMO_MODEL
-    paths = {"demo": DEMO_MODEL,
-             "vocab151936": os.path.join(tempfile.gettempdir(), "vsm-bench-vocab151936")}
     print(f"V1 runner, CPU; {args.max_tokens} tokens per prompt, top_k 50, top_p 0.95; "
           f"best of 2 x {args.repeats} runs per variant (engines in the order off, on, "
           "on, off)")
     print(f"{'model':>12} {'batch':>5} | {'off tok/s':>9} {'on tok/s':>9} {'on/off':>6}")
     for name in args.models:
-        path = paths[name] if name == "demo" else make_random_model(paths[name])
+        path = model_path(name)
         res = {False: {}, True: {}}
         for mask_on in (False, True, True, False):
             cmd = [sys.executable, __file__, "--worker", path, str(int(mask_on)),
