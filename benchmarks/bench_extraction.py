@@ -31,10 +31,15 @@ On CPU (no GPU timings are possible there):
              at R = 64 / 256 / 1024 / 4096: must stay flat in R
   pickle     bytes of the pickled `StepMasks` (what crosses processes in
              ModelRunnerOutput) against the padded [R, W] form it replaced
-  torch      the torch path CPU hosts use vs the previous implementation (time
-             and peak extra memory, each in its own subprocess)
+  torch      the CPU path (`extract_support`'s default on CPU logits: "host",
+             numpy) vs the previous implementation (time and peak extra memory,
+             each in its own subprocess)
+  impl       the two CPU implementations side by side, "host" (numpy) and "torch"
+             (`extract_support(implementation=...)`), extraction and host decode,
+             median of 200, on torch's threads (`--threads`)
 
     python benchmarks/bench_extraction.py --cpu-sections host pickle
+    python benchmarks/bench_extraction.py --cpu-sections impl --rows 32 --vocab 4096 --kinds top_k=50
 """
 
 from __future__ import annotations
@@ -212,7 +217,7 @@ def cpu_worker(variant: str, rows: int, vocab: int, kind: str, repeats: int) -> 
 
 
 def run_cpu_torch(args) -> None:
-    print(f"CPU, torch path vs previous implementation; median of {args.repeats}, "
+    print(f"CPU path (host, numpy) vs previous implementation; median of {args.repeats}, "
           "peak extra memory over the logits")
     print(f"{'R':>5} {'kind':>11} {'support':>8} | {'previous':>9} {'new':>9} {'ratio':>6} "
           f"| {'prev mem/logits':>15} {'new mem/logits':>14}")
@@ -249,6 +254,31 @@ def run_host(args) -> None:
                 times.append(time.perf_counter() - t0)
             res.append(statistics.median(times))
         print(f"{rows:>5} {res[0] * 1e6:>8.1f}us {res[1] * 1e6:>8.1f}us", flush=True)
+
+
+def run_impl(args) -> None:
+    """The CPU implementations side by side: extraction plus the host decode."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"CPU implementations, extraction + host decode, median of 200, "
+          f"{torch.get_num_threads()} torch threads")
+    print(f"{'R':>5} {'V':>7} {'kind':>11} | {'host':>9} {'torch':>9} {'host/torch':>10}")
+    for rows in args.rows:
+        for kind in args.kinds:
+            logits, top_k = processed_logits(rows, args.vocab, kind, "cpu")
+            layout = plan_layout(top_k, args.vocab)
+            res = {}
+            for impl in ("host", "torch"):
+                times = []
+                for _ in range(200):
+                    t0 = time.perf_counter()
+                    mask = extract_support(logits, layout, implementation=impl)
+                    MaskCopy(mask, pool=None).result(np.ones(rows))
+                    times.append(time.perf_counter() - t0)
+                res[impl] = statistics.median(times)
+            print(f"{rows:>5} {args.vocab:>7} {kind:>11} | {res['host'] * 1e6:>7.0f}us "
+                  f"{res['torch'] * 1e6:>7.0f}us {res['host'] / res['torch']:>10.3f}",
+                  flush=True)
 
 
 def run_pickle(args) -> None:
@@ -398,7 +428,9 @@ def main() -> None:
     ap.add_argument("--upstream", default=None,
                     help="vLLM 0.33.0 wheel, its extracted tree, or its " + UPSTREAM_FILE)
     ap.add_argument("--cpu-sections", nargs="+", default=["host", "pickle", "torch"],
-                    choices=["host", "pickle", "torch"])
+                    choices=["host", "pickle", "torch", "impl"])
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads for the impl section (0: torch's default)")
     ap.add_argument("--cpu-worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     cuda = torch.cuda.is_available() and not args.cpu_worker
@@ -413,7 +445,8 @@ def main() -> None:
     else:
         print("no CUDA device: GPU timings cannot be measured here; CPU sections only")
         for section in args.cpu_sections:
-            {"host": run_host, "pickle": run_pickle, "torch": run_cpu_torch}[section](args)
+            {"host": run_host, "pickle": run_pickle, "torch": run_cpu_torch,
+             "impl": run_impl}[section](args)
 
 
 if __name__ == "__main__":

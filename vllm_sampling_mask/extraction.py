@@ -537,9 +537,9 @@ def _kept_indices(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 #
 # On a CPU host the logits already are host memory: numpy reads them in place and
 # writes the block in a dozen calls of a few microseconds each, where the same
-# calls in torch cost tens (measured at 32 x 4096 logits, one thread: about 70 us
-# against 310 us), and the whole step's rows go at once (no chunks: the
-# temporaries are one bool per logit and the kept ids).
+# calls in torch cost tens (`benchmarks/bench_extraction.py --cpu-sections impl`),
+# and the whole step's rows go at once (no chunks: the temporaries are one bool
+# per logit and the kept ids).
 
 _HOST_DTYPES = (torch.float32, torch.float64, torch.float16)
 
