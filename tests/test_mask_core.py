@@ -195,12 +195,14 @@ def test_accumulator_spans_match_appended_supports():
 
 def test_startup_rules_name_each_fix():
     ok = dict(logprobs_mode="processed_logprobs", use_v2_model_runner=True,
-              speculative=False, logits_processors=None, runner_type="generate",
+              speculative=None, logits_processors=None, runner_type="generate",
               is_diffusion=False)
     assert startup_errors(**ok) == []
+    ngram = {"method": "ngram", "num_speculative_tokens": 2}
     cases = {
         "logprobs_mode": ("raw_logprobs", "--logprobs-mode processed_logprobs"),
-        "speculative": (True, "--speculative-config"),
+        # speculative decoding: the V1 runner only, for now
+        "speculative": (ngram, "VLLM_USE_V2_MODEL_RUNNER=0"),
         "logits_processors": (["x.Y"], "--logits-processors"),
         "runner_type": ("pooling", "pooling"),
         "is_diffusion": (True, "diffusion"),
@@ -208,9 +210,22 @@ def test_startup_rules_name_each_fix():
     for key, (value, fix) in cases.items():
         errors = startup_errors(**{**ok, key: value})
         assert len(errors) == 1 and fix in errors[0], (key, errors)
-    # the V1 runner takes custom logits processors (inside its sampler)
-    assert startup_errors(**{**ok, "use_v2_model_runner": False,
-                             "logits_processors": ["x.Y"]}) == []
+    v1 = {**ok, "use_v2_model_runner": False}
+    # the V1 runner takes custom logits processors (inside its sampler), and
+    # speculative decoding with the standard rejection sampler
+    assert startup_errors(**{**v1, "logits_processors": ["x.Y"]}) == []
+    assert startup_errors(**{**v1, "speculative": ngram}) == []
+    refused = {
+        "rejection_sample_method 'standard'": {**ngram, "rejection_sample_method": "synthetic"},
+        "'block'": {**ngram, "rejection_sample_method": "block"},
+        "enable_adaptive_verification": {**ngram, "enable_adaptive_verification": True},
+    }
+    for fix, speculative in refused.items():
+        errors = startup_errors(**{**v1, "speculative": speculative})
+        assert len(errors) == 1 and fix in errors[0], (fix, errors)
+    # custom processors are not applied at draft positions
+    errors = startup_errors(**{**v1, "speculative": ngram, "logits_processors": ["x.Y"]})
+    assert len(errors) == 1 and "draft positions" in errors[0], errors
 
 
 def test_request_rules():
@@ -236,6 +251,29 @@ def test_request_rules():
     assert resolve(False, engine_on=False) == (False, None)
     problem = resolve(True, engine_on=False)[1]
     assert problem[0] == "return_sampling_mask" and "--return-sampling-mask" in problem[1]
+
+
+def test_request_rules_on_a_speculative_engine():
+    """vLLM's V1 rejection sampler applies neither min_p nor logit_bias at draft
+    positions: a mask asked for with either is refused naming it, a null switch
+    gets no mask; what the rejection sampler applies (top_k, top_p) is served."""
+    def resolve(requested=None, **sampling):
+        args = {**dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, logit_bias=None),
+                **sampling}
+        return resolve_request(engine_on=True, requested=requested, max_size=4096,
+                               speculative=True, **args)
+    assert resolve(top_k=50, top_p=0.9) == (True, None)
+    assert resolve(True, top_k=50) == (True, None)
+    for sampling, parameter in ((dict(min_p=0.1), "min_p"),
+                                (dict(top_k=20, logit_bias={5: 1.0}), "logit_bias")):
+        assert resolve(**sampling) == (False, None)
+        wants, (named, message) = resolve(True, **sampling)
+        assert not wants and named == parameter and "draft positions" in message
+        assert "return_sampling_mask=false" in message
+    assert resolve(False, min_p=0.1) == (False, None)
+    # the same requests on an engine without speculative decoding keep their masks
+    assert resolve_request(engine_on=True, requested=True, temperature=1.0, top_k=0,
+                           top_p=1.0, min_p=0.1, max_size=4096) == (True, None)
 
 
 def test_mask_copy_lets_the_block_go_once_read_and_owns_what_it_returns():

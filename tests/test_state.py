@@ -238,3 +238,46 @@ def test_discarded_rows_record_no_support_logprobs_and_profiling_extracts_every_
         worst = step.extract("Sampler.sample", logits)
     assert worst.layout.rows == 3 and worst.idle is None
     assert state.extracted_rows == 2 and state.idle_rows == 1
+
+
+# -- a verify step (speculative decoding): one row per position --------------
+
+def test_a_request_level_plan_becomes_one_row_per_position():
+    wants = np.array([True, False, True, True])
+    asked = np.array([False, False, True, False])
+    request = plans.plan(wants, asked, np.array([5, 6, 7, 8]),
+                         discarded=np.array([False, False, False, True]))
+    step = plans.per_token(request, [3, 1, 2, 1], normalise=True)
+    assert step.batch_rows == 7 and step.normalise
+    assert step.rows.tolist() == [0, 1, 2, 4, 5]          # request 1 wants none
+    assert step.top_k.tolist() == [5, 5, 5, 7, 7]
+    assert step.asked.tolist() == [False, False, False, True, True]
+    assert step.idle.tolist() == [6]                       # the discarded request's row
+    assert step.request_rows.tolist() == [3, 1, 2, 1]
+    # its bonus positions (the last row of each request) as a batch of their own
+    bonus = plans.part(step, np.array([2, 3, 5, 6]))
+    assert bonus.batch_rows == 4 and bonus.rows.tolist() == [0, 2]
+    assert bonus.top_k.tolist() == [5, 7] and bonus.asked.tolist() == [False, True]
+    assert bonus.idle.tolist() == [3]
+    with pytest.raises(ValueError):
+        plans.per_token(request, [1, 1])
+
+
+def test_a_verify_step_decodes_one_support_per_emitted_token():
+    """Rows after a request's last emitted token (rejected drafts) decode as
+    count 0 and carry no ids; a request's emitted tokens are consecutive rows."""
+    from vllm_sampling_mask.extraction import extract_support, plan_layout
+    torch.manual_seed(0)
+    logits = torch.randn(6, 64)
+    logits[logits < 0.8] = float("-inf")
+    mask = extract_support(logits, plan_layout(np.zeros(6, np.int64), 64))
+    mask.request_rows = np.array([3, 1, 2])               # rows 0-2, 3, 4-5
+    host = MaskCopy(mask, None).result([2, 1, 0])         # emitted 2, 1 and none
+    finite = [torch.nonzero(torch.isfinite(r)).view(-1).tolist() for r in logits]
+    assert host.first_row.tolist() == [0, 3, 4]
+    assert host.rows(0, 2).tolist() == [0, 1] and host.rows(1, 1).tolist() == [3]
+    assert [host.counts[host.row_of[r]] for r in range(6)] == [
+        len(finite[0]), len(finite[1]), 0, len(finite[3]), 0, 0]
+    ids, counts, _, _ = host.wire().of(0, 2)
+    assert np.frombuffer(counts, "<i4").tolist() == [len(finite[0]), len(finite[1])]
+    assert np.frombuffer(ids, "<i4").tolist() == finite[0] + finite[1]

@@ -161,6 +161,9 @@ class DeviceMask:
     # runner discards this step (a partial prefill chunk): not extracted, they
     # follow the block's rows in `row_of` and decode as sampled nothing (count 0).
     idle: np.ndarray | None = None
+    # A verify step's rows per request (`StepPlan.request_rows`); None: a batch
+    # row is a request.
+    request_rows: np.ndarray | None = None
 
     @property
     def n_idle(self) -> int:

@@ -181,6 +181,7 @@ ALLM = "vllm.v1.engine.async_llm"
 OP = "vllm.v1.engine.output_processor"
 SCHED = "vllm.v1.core.sched.scheduler"
 TKTP = "vllm.v1.sample.ops.topk_topp_sampler"
+REJECTION = "vllm.v1.sample.rejection_sampler"
 
 _PROCESS_INPUTS = ("self", "request_id", "prompt", "params", "supported_tasks",
                    "arrival_time", "lora_request", "tokenization_kwargs", "trace_headers",
@@ -400,6 +401,28 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "all_random"),
         _s("vllm.v1.sample.sampler", "Sampler.sample", "logits = self.apply_temperature(",
            "sampling_metadata.logitsprocs.argmax_invariant"),
+    ),
+    "rejection_sampler_v1": (
+        _f(REJECTION, "RejectionSampler.forward", "self", "metadata", "draft_probs",
+           "logits", "sampling_metadata"),
+        # the bonus positions go through the plain sampler (`sampler_v1` hands their
+        # processed logprobs over); the draft positions' processed logits are what
+        # `apply_top_k_top_p`, a module global, returns inside the constraints
+        _s(REJECTION, "RejectionSampler.forward", "self.sampler(",
+           "target_logits = apply_sampling_constraints("),
+        _s(REJECTION, "apply_sampling_constraints", "logits.div_(temperature",
+           "return apply_top_k_top_p(logits, top_k, top_p)"),
+        _d("vllm.v1.spec_decode.metadata", "SpecDecodeMetadata", "num_draft_tokens",
+           "target_logits_indices", "bonus_logits_indices"),
+    ),
+    "cpu_verify_expand": (
+        _f(REJECTION, "expand_batch_to_tokens", "x", "cu_num_tokens", "num_tokens",
+           "replace_from", "replace_to"),
+        _s(REJECTION, "apply_sampling_constraints", "expand_batch_to_tokens("),
+    ),
+    "verify_without_drafts": (
+        _f(REJECTION, "apply_sampling_constraints", "logits", "cu_num_draft_tokens",
+           "sampling_metadata"),
     ),
     "runner_v1": (
         _f(V1, "GPUModelRunner.__init__", "self", "vllm_config", "device"),

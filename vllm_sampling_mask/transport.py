@@ -93,6 +93,16 @@ class StepMasks:
     logprobs: np.ndarray | None = None
     log_kept: np.ndarray | None = None
     idle: int = 0                 # trailing rows not extracted (their sample is discarded)
+    # Under speculative decoding (a verify step) a request has a run of batch
+    # rows, one per position it may emit a token at: [requests] int64, the batch
+    # row of each request's first position; its k-th emitted token's support is
+    # batch row first_row[i] + k. None: batch row i is request i's one row.
+    first_row: np.ndarray | None = None
+
+    def rows(self, request: int, n: int) -> np.ndarray:
+        """The batch rows of the first `n` tokens request `request` emitted."""
+        first = request if self.first_row is None else int(self.first_row[request])
+        return np.arange(first, first + n, dtype=np.int64)
 
     def asked(self, i: int) -> bool:
         """Whether batch row i carries support logprobs."""
@@ -191,15 +201,17 @@ class WireRows:
             self._logprobs = masks.logprobs.astype("<f4", copy=False).tobytes()
             self._log_kept = masks.log_kept.astype("<f4", copy=False).tobytes()
 
-    def of(self, batch_row: int):
-        """(ids, counts, logprobs, log_kept) bytes of one batch row's single
-        token (logprobs and log_kept None unless it asked)."""
+    def of(self, batch_row: int, n: int = 1):
+        """(ids, counts, logprobs, log_kept) bytes of the tokens of `n` batch rows
+        from `batch_row` on (one request's emitted tokens: its rows are
+        consecutive, and so are their host rows), logprobs and log_kept None
+        unless it asked."""
         r = self._row_of[batch_row]
-        a, b = 4 * self._offsets[r], 4 * self._offsets[r + 1]
-        ids, counts = self._ids[a:b], self._counts[4 * r: 4 * r + 4]
+        a, b = 4 * self._offsets[r], 4 * self._offsets[r + n]
+        ids, counts = self._ids[a:b], self._counts[4 * r: 4 * (r + n)]
         if self._asked is None or not self._asked[r]:
             return ids, counts, None, None
-        return ids, counts, self._logprobs[a:b], self._log_kept[4 * r: 4 * r + 4]
+        return ids, counts, self._logprobs[a:b], self._log_kept[4 * r: 4 * (r + n)]
 
 
 def unpack_wide_row(head: np.ndarray, words: np.ndarray, start_word: int) -> np.ndarray:
@@ -212,22 +224,34 @@ def unpack_wide_row(head: np.ndarray, words: np.ndarray, start_word: int) -> np.
 
 
 def decode(block: np.ndarray, layout: MaskLayout, row_of: np.ndarray,
-           num_sampled=None, support_logprobs=None, idle: int = 0) -> StepMasks:
+           num_sampled=None, support_logprobs=None, idle: int = 0,
+           request_rows: np.ndarray | None = None) -> StepMasks:
     """The host form of a block (copied out of `block`, which may be reused).
 
     `row_of` maps batch rows to host rows (-1: no mask wanted): the block's
     rows, then `idle` rows that were not extracted (the runner discards their
-    sample: count 0, no ids). Rows whose request produced no token this step
-    (`num_sampled == 0`) get count 0 and no problem is raised for them.
-    Vectorised over rows; only wide rows (rare: ties past W) are visited one
-    by one.
+    sample: count 0, no ids). `num_sampled` is the tokens each request emitted
+    this step; `request_rows` the batch rows of each request of a verify step
+    (None: one each). Rows at which no token was emitted (a request that
+    produced none; under speculative decoding the positions after a rejected
+    draft) get count 0 and no problem is raised for them. Vectorised over rows;
+    only wide rows (rare: ties past W) are visited one by one.
     """
     meta, ids, bits = layout.views(block)
     counts = np.zeros(layout.rows + idle, dtype=np.int32)
     counts[: layout.rows] = meta[:, 0]
+    first_row = None
+    if request_rows is not None:
+        first_row = np.zeros(len(request_rows), dtype=np.int64)
+        np.cumsum(request_rows[:-1], out=first_row[1:])
     if num_sampled is not None:
-        sampled = np.asarray(num_sampled)[: len(row_of)]
-        counts[row_of[(row_of >= 0) & (sampled == 0)]] = 0
+        sampled = np.asarray(num_sampled, dtype=np.int64)
+        if request_rows is None:
+            emitted = sampled[: len(row_of)] > 0
+        else:   # position k of request i emitted a token when k < num_sampled[i]
+            position = np.arange(len(row_of)) - np.repeat(first_row, request_rows)
+            emitted = position < np.repeat(sampled[: len(request_rows)], request_rows)
+        counts[row_of[(row_of >= 0) & ~emitted]] = 0
     wide, lost = {}, set()
     over = counts > layout.width
     if over.any():   # rare: ties past W, or a support over the size limit
@@ -264,7 +288,7 @@ def decode(block: np.ndarray, layout: MaskLayout, row_of: np.ndarray,
                      offsets=offsets, width=layout.width, wide=frozenset(wide),
                      lost=frozenset(lost),
                      max_size=layout.max_size, asked_rows=asked_rows, logprobs=logprobs,
-                     log_kept=log_kept, idle=idle)
+                     log_kept=log_kept, idle=idle, first_row=first_row)
 
 
 def _align_logprobs(host, layout: MaskLayout, meta, n_rows, stored, offsets, wide):
@@ -305,6 +329,7 @@ class MaskCopy:
         self.layout = mask.layout
         self.row_of = mask.row_of()
         self.idle = mask.n_idle
+        self.request_rows = mask.request_rows
         self._event = None
         # Referenced until `result`: the copy below reads it on another stream.
         self._device_block = mask.block
@@ -343,7 +368,7 @@ class MaskCopy:
             host = DeviceSupportLogprobs(values.numpy(), log_kept.numpy(), tail.numpy(), rows)
         try:
             return decode(self._host.numpy(), self.layout, self.row_of, num_sampled, host,
-                          self.idle)
+                          self.idle, self.request_rows)
         finally:
             if self._buffer is not None:
                 self._pool.give_back(self._buffer)

@@ -87,21 +87,57 @@ def resolve_logprobs_request(*, engine_on: bool, requested, requested_mask
     return (True if requested_mask is None else requested_mask), None
 
 
+def speculation_errors(speculative, *, use_v2_model_runner: bool,
+                       logits_processors) -> list[str]:
+    """Why masks cannot describe this speculative decoding (`speculative`: the
+    --speculative-config, a dict or upstream's config; None: none)."""
+    if not speculative:
+        return []
+
+    def setting(name, default=None):
+        if isinstance(speculative, dict):
+            return speculative.get(name, default)
+        return getattr(speculative, name, default)
+
+    errors = []
+    if use_v2_model_runner:
+        errors.append(
+            f"{FLAG} with --speculative-config runs on the V1 model runner only (Model "
+            "Runner V2's rejection sampler is not carried yet): set "
+            "VLLM_USE_V2_MODEL_RUNNER=0, or remove --speculative-config.")
+    method = setting("rejection_sample_method", "standard") or "standard"
+    if method != "standard":
+        errors.append(
+            f"{FLAG} needs speculative_config.rejection_sample_method 'standard' (got "
+            f"{method!r}): 'synthetic' accepts drafts at a fixed rate, so a committed "
+            "token can lie outside the target's support, and 'block' verifies drafts "
+            "jointly, not from each position's target distribution.")
+    if setting("enable_adaptive_verification", False):
+        errors.append(
+            f"{FLAG} does not support speculative_config.enable_adaptive_verification "
+            "(upstream's own mask refuses it too): set it to false.")
+    if logits_processors:
+        errors.append(
+            f"{FLAG} with --speculative-config does not support engine-level custom "
+            "logits processors: vLLM's V1 rejection sampler does not apply them at draft "
+            "positions, so a draft position's token is not drawn from the distribution "
+            "they define. Remove --logits-processors or --speculative-config.")
+    return errors
+
+
 def startup_errors(*, logprobs_mode: str, use_v2_model_runner: bool,
-                   speculative: bool, logits_processors, runner_type: str,
+                   speculative, logits_processors, runner_type: str,
                    is_diffusion: bool, batch_sharded_sampling: bool = False) -> list[str]:
-    """Every reason the engine cannot return sampling masks, as messages."""
+    """Every reason the engine cannot return sampling masks, as messages
+    (`speculative`: the --speculative-config, None or empty for none)."""
     errors = []
     if logprobs_mode != "processed_logprobs":
         errors.append(
             f"{FLAG} requires --logprobs-mode processed_logprobs (got "
             f"{logprobs_mode!r}): returned logprobs must be normalised over the "
             "same support as the mask.")
-    if speculative:
-        errors.append(
-            f"{FLAG} does not support speculative decoding: remove "
-            "--speculative-config (the rejection sampler draws from a different "
-            "distribution than the mask describes).")
+    errors += speculation_errors(speculative, use_v2_model_runner=use_v2_model_runner,
+                                 logits_processors=logits_processors)
     if logits_processors and use_v2_model_runner:
         errors.append(
             f"{FLAG} supports engine-level custom logits processors on the V1 "
@@ -131,8 +167,8 @@ def effective_top_k(top_k: int, vocab_size: int | None) -> int:
 
 def resolve_request(*, engine_on: bool, requested, temperature: float, top_k: int,
                     top_p: float, min_p: float, max_size: int,
-                    vocab_size: int | None = None
-                    ) -> tuple[bool, tuple[str, str] | None]:
+                    vocab_size: int | None = None, speculative: bool = False,
+                    logit_bias=None) -> tuple[bool, tuple[str, str] | None]:
     """(mask, problem): whether a request carries a mask, or (parameter, message).
 
     `requested` is the request's `return_sampling_mask`: True, False or None.
@@ -148,6 +184,11 @@ def resolve_request(*, engine_on: bool, requested, temperature: float, top_k: in
     (`sampling_mask_error`), as it does for top_k=0. With `requested` None (the
     request never mentioned masks) such a top_k is no refusal: the request is
     served without a mask.
+
+    On a `speculative` engine (V1 runner), vLLM's rejection sampler applies
+    neither min_p nor logit_bias at draft positions: the token drawn there does
+    not come from the distribution the request set, so a mask asked for with
+    either is refused (naming it) and a null switch means no mask.
     """
     top_k = effective_top_k(top_k, vocab_size)
     if requested is not None and not isinstance(requested, bool):
@@ -161,15 +202,28 @@ def resolve_request(*, engine_on: bool, requested, temperature: float, top_k: in
         return False, None
     if requested is False:
         return False, None
+    unapplied = None
+    if speculative and min_p > 0:
+        unapplied = ("min_p", f"min_p={min_p}")
+    elif speculative and logit_bias:
+        unapplied = ("logit_bias", "logit_bias")
     if requested is None:
         truncated = temperature > 0 and (top_k > 0 or top_p < 1 or min_p > 0)
         # a top_k above the limit is known up front to outgrow it: no mask, no refusal
-        return truncated and top_k <= max_size, None
+        return truncated and top_k <= max_size and unapplied is None, None
     if not temperature > 0:
         return False, ("temperature",
                        f"temperature={temperature} is greedy, which has no truncated "
                        "distribution to replay: return_sampling_mask=true needs "
                        "temperature > 0 (or leave return_sampling_mask unset).")
+    if unapplied is not None:
+        parameter, setting = unapplied
+        return False, (parameter,
+                       f"{setting} with return_sampling_mask=true needs an engine without "
+                       "speculative decoding: vLLM's rejection sampler does not apply "
+                       f"{parameter} at draft positions, so the tokens drawn there do not "
+                       f"come from the distribution you set. Drop {parameter}, or send "
+                       "return_sampling_mask=false.")
     if top_k > max_size:
         return False, ("top_k",
                        f"top_k={top_k} makes supports wider than this engine's "

@@ -85,6 +85,7 @@ GPU = "vllm.v1.worker.gpu"
 V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
 INPUT = "vllm.v1.engine.input_processor"
 TOPK = "vllm.v1.sample.ops.topk_topp_sampler"
+REJECTION = "vllm.v1.sample.rejection_sampler"
 # the module `vllm serve` builds its app in (0.32 moved it: `vllm.entrypoints.openai.
 # api_server` is a deprecated re-export there that `vllm serve` never imports)
 APP = "{app}"
@@ -142,6 +143,15 @@ _RECORDS = (
           "('Error in completion stream generator') for a clean HTTP 400",
           "upstream's stream generators log client errors without a traceback"),
     # -- CPU / Triton-interpreter enablers ------------------------------------
+    Patch("cpu_verify_expand", (REJECTION,), WORKER, X,
+          NONE_KNOWN + "CPU `_expand_kernel_impl` writes into an int64 copy of its "
+          "output: the rejection sampler's temperature/top_k/top_p at draft positions are "
+          "uninitialised memory on CPU (top_k requests kill the engine)",
+          "upstream's CPU expand override writes its result into the output"),
+    Patch("verify_without_drafts", (REJECTION,), WORKER, X,
+          NONE_KNOWN + "V1 rejection sampler: a top_k request kills the engine on a "
+          "verify step with no draft token (top-k's k.max() of an empty tensor)",
+          "upstream's rejection sampler skips the constraints on an empty batch"),
     Patch("interpreter_has_triton", ("vllm.triton_utils.importing",), ANY, E,
           "none: Triton's interpreter is no vLLM backend",
           "vLLM treats Triton's interpreter as a usable backend"),
@@ -171,6 +181,10 @@ _RECORDS = (
     Patch("sampler_v1", ("vllm.v1.sample.sampler",), WORKER, F,
           NONE_KNOWN + "vLLM #49577 returns the support from Model Runner V2 only",
           "upstream's V1 sampler returns the support"),
+    Patch("rejection_sampler_v1", (REJECTION,), WORKER, F,
+          NONE_KNOWN + "vLLM #54166 returns the support of verify steps from Model "
+          "Runner V2's rejection sampler only",
+          "upstream's V1 rejection sampler returns the support"),
     Patch("runner_v1", (V1_RUNNER,), WORKER, F,
           NONE_KNOWN + "vLLM #49577 carries the mask through Model Runner V2 only",
           "upstream carries the mask through the V1 runner",

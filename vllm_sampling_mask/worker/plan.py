@@ -25,6 +25,11 @@ class StepPlan:
     idle: np.ndarray            # batch rows that want a mask, sample discarded
     worst_case: bool = False
     normalise: bool = False     # the sampler hands processed logits, not logprobs
+    # Under speculative decoding a request has a run of rows (its draft
+    # positions, then the bonus position), one per token it may emit: the
+    # number of rows of each request of the runner's batch, in batch order.
+    # None: one row per request (a batch row is a request).
+    request_rows: np.ndarray | None = None
 
     @property
     def n_rows(self) -> int:
@@ -52,8 +57,58 @@ def plan(wants: np.ndarray, asked: np.ndarray, top_k: np.ndarray,
                     asked if rows is None else asked[rows], idle, normalise=normalise)
 
 
-def worst_case(batch_rows: int, *, normalise: bool = False) -> StepPlan:
+def worst_case(batch_rows: int, *, normalise: bool = False,
+               request_rows: np.ndarray | None = None) -> StepPlan:
     """The memory-profiling run's plan: every row, widest layout, every row asked."""
     return StepPlan(batch_rows, None, np.zeros(batch_rows, dtype=np.int64),
                     np.ones(batch_rows, dtype=bool), _NONE, worst_case=True,
-                    normalise=normalise)
+                    normalise=normalise, request_rows=request_rows)
+
+
+def per_token(plan: StepPlan, request_rows, *, normalise: bool = False) -> StepPlan:
+    """A request-level plan (one row per request) as the plan of a verify step,
+    whose sampler batch has `request_rows[i]` rows for request i, back to back
+    in batch order (draft positions, then the bonus position): each row takes
+    its request's decision, top-k and support-logprobs switch. Vectorised."""
+    request_rows = np.asarray(request_rows, dtype=np.int64)
+    if len(request_rows) != plan.batch_rows:
+        raise ValueError(f"a plan for {plan.batch_rows} requests cannot take rows for "
+                         f"{len(request_rows)}")
+    starts = np.zeros(len(request_rows) + 1, dtype=np.int64)
+    np.cumsum(request_rows, out=starts[1:])
+
+    def rows_of(requests: np.ndarray) -> np.ndarray:
+        n = request_rows[requests]
+        first = np.repeat(starts[requests] - np.cumsum(n) + n, n)
+        return first + np.arange(int(n.sum()), dtype=np.int64)
+
+    requests = (np.arange(plan.batch_rows, dtype=np.int64) if plan.rows is None
+                else np.asarray(plan.rows, dtype=np.int64))
+    rows = rows_of(requests)
+    n = request_rows[requests]
+    total = int(starts[-1])
+    return StepPlan(total, None if len(rows) == total else rows,
+                    np.repeat(plan.top_k, n), np.repeat(plan.asked, n),
+                    rows_of(np.asarray(plan.idle, dtype=np.int64)),
+                    worst_case=plan.worst_case, normalise=normalise,
+                    request_rows=request_rows)
+
+
+def part(whole: StepPlan, rows: np.ndarray) -> StepPlan:
+    """The plan of a sub-batch of `whole`'s sampler batch: its batch rows `rows`
+    (host ints, ascending), renumbered 0, 1, ... in order (a verify step's
+    bonus positions, handed to the sampler as a batch of their own)."""
+    n = whole.batch_rows
+    extracted = np.zeros(n, dtype=bool)
+    extracted[slice(None) if whole.rows is None else whole.rows] = True
+    top_k = np.zeros(n, dtype=np.int64)
+    top_k[extracted] = whole.top_k
+    asked = np.zeros(n, dtype=bool)
+    asked[extracted] = whole.asked
+    idle = np.zeros(n, dtype=bool)
+    idle[whole.idle] = True
+    rows = np.asarray(rows, dtype=np.int64)
+    if whole.worst_case:
+        return worst_case(len(rows), normalise=whole.normalise)
+    return plan(extracted[rows] | idle[rows], asked[rows], top_k[rows], idle[rows],
+                normalise=whole.normalise)

@@ -45,7 +45,7 @@ from vllm_sampling_mask.worker import plan as plans
 from vllm_sampling_mask.worker.capture import ScaledCapture
 from vllm_sampling_mask.worker.plan import StepPlan
 from vllm_sampling_mask.worker.requests import MaskRequests
-from vllm_sampling_mask.worker.step import MaskStep
+from vllm_sampling_mask.worker.step import Extractor, MaskStep
 
 
 class SamplingMaskState:
@@ -72,15 +72,21 @@ class SamplingMaskState:
                           discarded, normalise=normalise)
 
     @contextmanager
-    def step(self, plan: StepPlan | None = None) -> Iterator[MaskStep]:
+    def step(self, plan: StepPlan | None = None, *,
+             extract: Extractor | None = None) -> Iterator[MaskStep]:
         """Open one sampler call's step (planned now, or later by the sampling
-        path's adapter), for the call that samples; closed on the way out."""
-        step = MaskStep(self.extract, worst_case=self._worst_case, plan=plan)
-        self.open = step
+        path's adapter), for the call that samples; on the way out the step that
+        was open before is open again. `extract` (default: this state's
+        extraction) is what the sampler's adapter hands its processed logits to:
+        a verify step's adapter opens the bonus call's step with its own, which
+        keeps them for the step's one extraction."""
+        step = MaskStep(self.extract if extract is None else extract,
+                        worst_case=self._worst_case, plan=plan)
+        before, self.open = self.open, step
         try:
             yield step
         finally:
-            self.open = None
+            self.open = before
 
     # -- the memory-profiling run -----------------------------------------
 
@@ -121,6 +127,7 @@ class SamplingMaskState:
                     normalise=plan.normalise)
         if len(plan.idle):
             mask.idle = plan.idle
+        mask.request_rows = plan.request_rows
         if plan.worst_case:
             if processed_logits.is_cuda:
                 self._warm_up(processed_logits)

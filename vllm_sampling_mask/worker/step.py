@@ -28,7 +28,8 @@ from vllm_sampling_mask.worker.capture import ScaledCapture
 from vllm_sampling_mask.worker.plan import StepPlan
 
 # (plan, processed logits, capture, hop) -> the step's mask: the state's `extract`
-Extractor = Callable[..., DeviceMask]
+# (or, for one part of a verify step, a keeper of the logits that returns None)
+Extractor = Callable[..., DeviceMask | None]
 
 
 class MaskStep:
@@ -49,13 +50,20 @@ class MaskStep:
             raise MissingSamplingMaskError(hop, "this step was planned twice")
         self.plan = plan
 
-    def planned(self, hop: str, batch_rows: int, *, normalise: bool = False) -> StepPlan:
+    def planned(self, hop: str, batch_rows: int, *, normalise: bool = False,
+                request_rows=None) -> StepPlan:
         """The plan for a sampler batch of `batch_rows` rows, with its capture
-        (None when no row asked). In the profiling run, every row."""
+        (None when no row asked). In the profiling run, every row. A verify
+        step's adapter passes `request_rows` (rows per request: its draft
+        positions and the bonus position) and gets the runner's request-level
+        plan as one row per position (`plan.per_token`)."""
         if self.plan is None and self._worst_case:
-            self.plan = plans.worst_case(batch_rows, normalise=normalise)
+            self.plan = plans.worst_case(batch_rows, normalise=normalise,
+                                         request_rows=request_rows)
         if self.plan is None:
             raise MissingSamplingMaskError(hop, "the runner opened this step without a plan")
+        if request_rows is not None and self.plan.request_rows is None:
+            self.plan = plans.per_token(self.plan, request_rows, normalise=normalise)
         if self.plan.batch_rows != batch_rows:
             raise MissingSamplingMaskError(
                 hop, f"the step's plan is for {self.plan.batch_rows} rows, the sampler's "

@@ -110,7 +110,7 @@ def apply(module, release: Release) -> None:
             _raise(startup_errors(
                 logprobs_mode=self.logprobs_mode,
                 use_v2_model_runner=envs.VLLM_USE_V2_MODEL_RUNNER is True,
-                speculative=bool(self.speculative_config),
+                speculative=self.speculative_config,
                 logits_processors=self.logits_processors, runner_type="generate",
                 is_diffusion=False,
                 batch_sharded_sampling=bool(getattr(self, BATCH_SHARDED, False))))
@@ -120,7 +120,7 @@ def apply(module, release: Release) -> None:
             _raise(startup_errors(
                 logprobs_mode=mc.logprobs_mode,
                 use_v2_model_runner=config.use_v2_model_runner,
-                speculative=config.speculative_config is not None,
+                speculative=config.speculative_config,
                 logits_processors=mc.logits_processors,
                 runner_type=mc.runner_type,
                 is_diffusion=bool(mc.is_diffusion),

@@ -102,35 +102,60 @@ def apply(module, release: Release) -> None:
 
 def _attach(outs: list, masks, index: dict, logger) -> list:
     """Put, on each output (with tokens) of a request that wants a mask, the bytes
-    of its row of the step's masks; return (output, problem) for those whose row
-    cannot describe their draw. The checks run over the step's rows at once
-    (`StepMasks.suspects`); only a suspect row is looked at alone."""
+    of the rows of the tokens it kept (one row per token: under speculative
+    decoding a request keeps up to its draft positions plus one); return
+    (output, problem) for those whose rows cannot describe their draws. The
+    checks run over every kept token of the step at once (`StepMasks.suspects`);
+    only a suspect output is looked at alone."""
     for out in outs:
         if not isinstance(out, MaskedEngineCoreOutput):
             raise MissingSamplingMaskError(
                 "Scheduler.update_from_output", f"the output of request {out.request_id} "
                 f"is a {type(out).__name__}, which has no mask fields")
-    rows = np.fromiter((index[out.request_id] for out in outs), np.int64, len(outs))
-    wanted = np.flatnonzero(masks.row_of[rows] >= 0)   # the others asked for no mask
+    requests = np.fromiter((index[out.request_id] for out in outs), np.int64, len(outs))
+    first = requests if masks.first_row is None else masks.first_row[requests]
+    wanted = np.flatnonzero(masks.row_of[first] >= 0)   # the others asked for no mask
     if not len(wanted):
         return []
-    tokens = np.fromiter((outs[j].new_token_ids[0] for j in wanted), np.int64, len(wanted))
-    suspects = masks.suspects(rows[wanted], tokens).tolist()
+    kept = [outs[j].new_token_ids for j in wanted.tolist()]
+    lengths = np.fromiter(map(len, kept), np.int64, len(kept))
+    if masks.first_row is None:
+        room = np.ones(len(kept), dtype=np.int64)
+    else:
+        ends = np.append(masks.first_row[1:], len(masks.row_of))
+        room = (ends - masks.first_row)[requests[wanted]]
+    fits = lengths <= room
+    # one (batch row, token) per kept token of the outputs whose tokens fit their rows
+    n = np.where(fits, lengths, 0)
+    rows = (np.repeat(first[wanted] - np.cumsum(n) + n, n)
+            + np.arange(int(n.sum()), dtype=np.int64))
+    tokens = np.fromiter((t for ids, f in zip(kept, fits) if f for t in ids), np.int64,
+                         int(n.sum()))
+    bad = masks.suspects(rows, tokens)
+    suspect = np.zeros(len(kept), dtype=bool)
+    if bad.any():
+        owner = np.repeat(np.arange(len(kept)), n)
+        suspect[owner[bad]] = True
     wire = masks.wire()
     problems = []
-    for j, suspect in zip(wanted.tolist(), suspects):
-        out, row = outs[j], int(rows[j])
+    for j, ids, length, fit, is_suspect, start in zip(
+            wanted.tolist(), kept, lengths.tolist(), fits.tolist(), suspect.tolist(),
+            first[wanted].tolist()):
+        out = outs[j]
         try:
             problem = None
-            if len(out.new_token_ids) != 1:
-                problem = (f"{len(out.new_token_ids)} tokens in one step; without "
-                           "speculative decoding the sampler draws one")
-            elif suspect:
-                problem = masks.problem(row, out.new_token_ids[0])
+            if not fit:
+                problem = (f"{length} tokens in one step, more than the positions it "
+                           "sampled (one without speculative decoding, its drafts plus "
+                           "one with)")
+            elif is_suspect:
+                problem = next(filter(None, (masks.problem(row, token) for row, token
+                                              in zip(range(start, start + length), ids))),
+                               None)
             if problem is None:
                 (out.sampling_mask_ids, out.sampling_mask_counts,
-                 out.sampling_mask_logprobs, out.sampling_mask_log_kept) = wire.of(row)
-        except Exception as exc:  # one request's bad row, not the engine's
+                 out.sampling_mask_logprobs, out.sampling_mask_log_kept) = wire.of(start, length)
+        except Exception as exc:  # one request's bad rows, not the engine's
             logger.exception("sampling mask: request %s", out.request_id)
             problem = f"internal error while slicing its mask: {exc!r}"
         if problem is not None:
