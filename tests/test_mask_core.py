@@ -253,29 +253,6 @@ def test_request_rules():
     assert problem[0] == "return_sampling_mask" and "--return-sampling-mask" in problem[1]
 
 
-def test_request_rules_on_a_speculative_engine():
-    """vLLM's V1 rejection sampler applies neither min_p nor logit_bias at draft
-    positions: a mask asked for with either is refused naming it, a null switch
-    gets no mask; what the rejection sampler applies (top_k, top_p) is served."""
-    def resolve(requested=None, **sampling):
-        args = {**dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, logit_bias=None),
-                **sampling}
-        return resolve_request(engine_on=True, requested=requested, max_size=4096,
-                               speculative=True, **args)
-    assert resolve(top_k=50, top_p=0.9) == (True, None)
-    assert resolve(True, top_k=50) == (True, None)
-    for sampling, parameter in ((dict(min_p=0.1), "min_p"),
-                                (dict(top_k=20, logit_bias={5: 1.0}), "logit_bias")):
-        assert resolve(**sampling) == (False, None)
-        wants, (named, message) = resolve(True, **sampling)
-        assert not wants and named == parameter and "draft positions" in message
-        assert "return_sampling_mask=false" in message
-    assert resolve(False, min_p=0.1) == (False, None)
-    # the same requests on an engine without speculative decoding keep their masks
-    assert resolve_request(engine_on=True, requested=True, temperature=1.0, top_k=0,
-                           top_p=1.0, min_p=0.1, max_size=4096) == (True, None)
-
-
 def test_mask_copy_lets_the_block_go_once_read_and_owns_what_it_returns():
     """(The device-side half, that a copy keeps its block alive until `result`
     while the main stream reuses memory, is a CUDA test in test_gpu.py: on CPU

@@ -21,8 +21,9 @@ class NoOpLogitsProcessor:  # only its presence in the config matters
 @pytest.mark.parametrize("overrides, fix", [
     (dict(logprobs_mode="raw_logprobs"), "--logprobs-mode processed_logprobs"),
     (dict(logprobs_mode="processed_logits"), "--logprobs-mode processed_logprobs"),
+    # speculative decoding runs with masks on the V1 runner only, for now
     (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2,
-                              "prompt_lookup_max": 3}), "--speculative-config"),
+                              "prompt_lookup_max": 3}), "VLLM_USE_V2_MODEL_RUNNER=0"),
     # on Model Runner V2 (the suite's default); the V1 runner takes them
     (dict(logits_processors=[NoOpLogitsProcessor]), "--logits-processors"),
     (dict(runner="pooling"), "pooling"),
@@ -39,10 +40,18 @@ def _clean_env(**extra):
     return {**env, **extra}
 
 
+NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
+
+
 @pytest.mark.parametrize("overrides, fix", [
     (dict(logprobs_mode="raw_logprobs"), "--logprobs-mode processed_logprobs"),
-    (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2,
-                              "prompt_lookup_max": 3}), "--speculative-config"),
+    # a committed token may lie outside the target's support
+    (dict(speculative_config={**NGRAM, "rejection_sample_method": "synthetic",
+                              "synthetic_acceptance_rates": [0.5, 0.25]}),
+     "rejection_sample_method 'standard'"),
+    # V1's rejection sampler does not apply custom processors at draft positions
+    (dict(speculative_config=NGRAM, logits_processors=[NoOpLogitsProcessor]),
+     "--logits-processors"),
 ])
 def test_v1_runner_refuses_what_it_cannot_mask(overrides, fix):
     with native_v1(), pytest.raises(ValueError, match="return-sampling-mask") as info:

@@ -167,8 +167,8 @@ def effective_top_k(top_k: int, vocab_size: int | None) -> int:
 
 def resolve_request(*, engine_on: bool, requested, temperature: float, top_k: int,
                     top_p: float, min_p: float, max_size: int,
-                    vocab_size: int | None = None, speculative: bool = False,
-                    logit_bias=None) -> tuple[bool, tuple[str, str] | None]:
+                    vocab_size: int | None = None
+                    ) -> tuple[bool, tuple[str, str] | None]:
     """(mask, problem): whether a request carries a mask, or (parameter, message).
 
     `requested` is the request's `return_sampling_mask`: True, False or None.
@@ -184,11 +184,6 @@ def resolve_request(*, engine_on: bool, requested, temperature: float, top_k: in
     (`sampling_mask_error`), as it does for top_k=0. With `requested` None (the
     request never mentioned masks) such a top_k is no refusal: the request is
     served without a mask.
-
-    On a `speculative` engine (V1 runner), vLLM's rejection sampler applies
-    neither min_p nor logit_bias at draft positions: the token drawn there does
-    not come from the distribution the request set, so a mask asked for with
-    either is refused (naming it) and a null switch means no mask.
     """
     top_k = effective_top_k(top_k, vocab_size)
     if requested is not None and not isinstance(requested, bool):
@@ -202,28 +197,15 @@ def resolve_request(*, engine_on: bool, requested, temperature: float, top_k: in
         return False, None
     if requested is False:
         return False, None
-    unapplied = None
-    if speculative and min_p > 0:
-        unapplied = ("min_p", f"min_p={min_p}")
-    elif speculative and logit_bias:
-        unapplied = ("logit_bias", "logit_bias")
     if requested is None:
         truncated = temperature > 0 and (top_k > 0 or top_p < 1 or min_p > 0)
         # a top_k above the limit is known up front to outgrow it: no mask, no refusal
-        return truncated and top_k <= max_size and unapplied is None, None
+        return truncated and top_k <= max_size, None
     if not temperature > 0:
         return False, ("temperature",
                        f"temperature={temperature} is greedy, which has no truncated "
                        "distribution to replay: return_sampling_mask=true needs "
                        "temperature > 0 (or leave return_sampling_mask unset).")
-    if unapplied is not None:
-        parameter, setting = unapplied
-        return False, (parameter,
-                       f"{setting} with return_sampling_mask=true needs an engine without "
-                       "speculative decoding: vLLM's rejection sampler does not apply "
-                       f"{parameter} at draft positions, so the tokens drawn there do not "
-                       f"come from the distribution you set. Drop {parameter}, or send "
-                       "return_sampling_mask=false.")
     if top_k > max_size:
         return False, ("top_k",
                        f"top_k={top_k} makes supports wider than this engine's "

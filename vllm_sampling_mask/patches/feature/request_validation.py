@@ -40,19 +40,18 @@ from vllm_sampling_mask.validation import (DEFAULT_MAX_SIZE, LOGPROBS_ARG, MASK_
 
 
 def decide(sampling_params, *, engine_on: bool = True, max_size: int = DEFAULT_MAX_SIZE,
-           vocab_size: int | None = None, speculative: bool = False) -> tuple[bool, bool]:
+           vocab_size: int | None = None) -> tuple[bool, bool]:
     """(mask, support logprobs) for the request; SamplingMaskRequestError if it
     cannot have what it asked for. (`optional` below: whether the mask was
     decided by default.)"""
     wants, logprobs, _ = decide_all(sampling_params, engine_on=engine_on,
-                                    max_size=max_size, vocab_size=vocab_size,
-                                    speculative=speculative)
+                                    max_size=max_size, vocab_size=vocab_size)
     return wants, logprobs
 
 
 def decide_all(sampling_params, *, engine_on: bool = True,
-               max_size: int = DEFAULT_MAX_SIZE, vocab_size: int | None = None,
-               speculative: bool = False) -> tuple[bool, bool, bool]:
+               max_size: int = DEFAULT_MAX_SIZE, vocab_size: int | None = None
+               ) -> tuple[bool, bool, bool]:
     """(mask, support logprobs, optional): `optional` is True for a mask the
     request did not ask for (its switch null, no support logprobs asked)."""
     extra = sampling_params.extra_args or {}
@@ -66,8 +65,7 @@ def decide_all(sampling_params, *, engine_on: bool = True,
         engine_on=engine_on, requested=requested,
         temperature=sampling_params.temperature, top_k=sampling_params.top_k,
         top_p=sampling_params.top_p, min_p=sampling_params.min_p, max_size=max_size,
-        vocab_size=vocab_size, speculative=speculative,
-        logit_bias=sampling_params.logit_bias)
+        vocab_size=vocab_size)
     if problem is not None:
         parameter, message = problem
         value = requested if parameter == MASK_ARG else getattr(sampling_params, parameter)
@@ -81,9 +79,8 @@ def apply(module, release: Release) -> None:
     def check(self, params) -> tuple[bool, bool, bool]:
         settings = mask_settings(self.vllm_config)
         return decide_all(params, engine_on=settings is not None,
-                          max_size=settings.max_size if settings else DEFAULT_MAX_SIZE,
-                          vocab_size=self.vllm_config.model_config.get_vocab_size(),
-                          speculative=self.vllm_config.speculative_config is not None)
+                      max_size=settings.max_size if settings else DEFAULT_MAX_SIZE,
+                      vocab_size=self.vllm_config.model_config.get_vocab_size())
 
     @wraps(module, "InputProcessor._validate_params")
     def _validate_params(wrapped, self, args, kwargs):

@@ -1,0 +1,157 @@
+"""Sampling masks under speculative decoding, on the V1 runner (natively, on CPU).
+
+One engine per method, each run through the module's tests in turn:
+`draft_model` with a draft that is a perturbed copy of the demo model (made here:
+every matrix plus Gaussian noise of 8% of its own spread, so the draft disagrees
+with the target often enough that a step accepts some drafts, rejects others,
+recovers and, when all drafts pass, adds a bonus token), and `ngram` (prompt
+lookup; its drafts come from the text). Three positions per verify step.
+
+What a mask must be there: each emitted token (accepted draft, recovered, bonus)
+gets the support of the processed target distribution at its position, checked
+against an independent transformers forward pass over its prefix, whatever kind
+of token it is; rejected drafts contribute nothing; masks on or off change no
+token, logprob or acceptance.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from conftest import (ENGINE_KWARGS, PROMPTS, assert_supports_match_reference,
+                      check_alignment, native_v1)
+from test_support_logprobs_engine import check_exact
+from vllm import LLM, SamplingParams
+
+from vllm_sampling_mask import DEMO_MODEL
+
+K = 3   # draft positions per verify step
+METHODS = ["draft_model", "ngram"]
+MASK_OFF = {"return_sampling_mask": False}
+
+
+@pytest.fixture(scope="module")
+def perturbed_draft(tmp_path_factory) -> str:
+    from safetensors.torch import load_file, save_file
+
+    path = tmp_path_factory.mktemp("draft") / "model"
+    shutil.copytree(DEMO_MODEL, path)
+    weights = load_file(f"{DEMO_MODEL}/model.safetensors")
+    noise = torch.Generator().manual_seed(0)
+    weights = {name: w + 0.08 * w.std() * torch.randn(w.shape, generator=noise)
+               if w.ndim == 2 else w for name, w in weights.items()}
+    save_file(weights, f"{path}/model.safetensors", metadata={"format": "pt"})
+    return str(path)
+
+
+@pytest.fixture(scope="module", params=METHODS)
+def llm(request, perturbed_draft):
+    if request.param == "draft_model":
+        spec = {"method": "draft_model", "model": perturbed_draft,
+                "num_speculative_tokens": K}
+    else:
+        spec = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3,
+                "prompt_lookup_min": 1}
+    with native_v1():
+        engine = LLM(**dict(ENGINE_KWARGS, max_model_len=256, max_num_seqs=8,
+                            max_logprobs=8, disable_log_stats=False,
+                            speculative_config=spec))
+    engine.method = request.param
+    yield engine
+    del engine
+
+
+def spec_counters(llm) -> np.ndarray:
+    """(drafts, draft tokens, accepted, accepted at each position...) so far."""
+    found = {m.name: m for m in llm.get_metrics()}
+    per_position = found["vllm:spec_decode_num_accepted_tokens_per_pos"].values
+    return np.array([found["vllm:spec_decode_num_drafts"].value,
+                     found["vllm:spec_decode_num_draft_tokens"].value,
+                     found["vllm:spec_decode_num_accepted_tokens"].value, *per_position])
+
+
+def generate_counting(llm, prompts, params):
+    before = spec_counters(llm)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return outs, spec_counters(llm) - before
+
+
+CASES = [dict(temperature=0.6, top_k=20), dict(temperature=0.8, top_k=40, top_p=0.9),
+         dict(temperature=0.5, top_p=0.8), dict(temperature=1.0, top_k=8),
+         dict(temperature=0.7, top_k=64, top_p=0.7), dict(temperature=0.4, top_k=30)]
+
+
+def params_for(cases, seed: int, max_tokens: int = 40, **extra):
+    return [SamplingParams(**{"top_k": 0, **c}, max_tokens=max_tokens, seed=seed + i,
+                           ignore_eos=True, logprobs=0, **extra)
+            for i, c in enumerate(cases)]
+
+
+def test_every_emitted_token_has_the_target_support_at_its_position(llm, hf_model):
+    cases = [{"top_k": 0, **c} for c in CASES]
+    outs, counts = generate_counting(llm, PROMPTS[:len(cases)], params_for(cases, 100))
+    for out in outs:
+        check_alignment(out.outputs[0], hf_model.config.vocab_size)
+    compared = assert_supports_match_reference(outs, cases, hf_model)
+    assert compared == 40 * len(cases)
+    drafts, draft_tokens, accepted = counts[:3]
+    assert accepted > 0 and draft_tokens - accepted > 0     # accepted and rejected drafts
+    if llm.method == "draft_model":   # every draft has K tokens: all K accepted = a bonus
+        bonus = counts[3 + K - 1]
+        recovered = drafts - bonus   # a draft with a rejection ends in a recovered token
+        assert bonus > 0 and recovered > 0, counts
+
+
+def test_masks_on_or_off_change_no_token_logprob_or_acceptance(llm):
+    on, counts_on = generate_counting(llm, PROMPTS[:6], params_for(CASES, 200))
+    off, counts_off = generate_counting(llm, PROMPTS[:6], params_for(
+        CASES, 200, extra_args=MASK_OFF))
+    for a, b in zip(on, off):
+        assert a.outputs[0].sampling_mask is not None and b.outputs[0].sampling_mask is None
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert [lp[t].logprob for t, lp in zip(a.outputs[0].token_ids, a.outputs[0].logprobs)] \
+            == [lp[t].logprob for t, lp in zip(b.outputs[0].token_ids, b.outputs[0].logprobs)]
+    assert counts_on.tolist() == counts_off.tolist()
+    assert counts_on[2] > 0
+
+
+def test_support_logprobs_of_every_emitted_token(llm, hf_model):
+    cases = [dict(temperature=0.8, top_k=20), dict(temperature=0.6, top_k=40, top_p=0.9)]
+    outs = llm.generate(PROMPTS[:2], params_for(
+        cases, 300, max_tokens=24, extra_args={"return_sampling_mask_logprobs": True}),
+        use_tqdm=False)
+    assert sum(check_exact(o, c["temperature"], hf_model) for o, c in zip(outs, cases)) == 48
+
+
+def test_n_children_and_stops_keep_one_mask_per_token(llm, tokenizer):
+    """n > 1 (each child its own rows) and stop tokens that cut a step's emitted
+    tokens short: one mask per kept token."""
+    vocab = len(tokenizer)
+    stops = [int(t) for t in tokenizer("the a and of", add_special_tokens=False)["input_ids"]]
+    params = [SamplingParams(temperature=0.7, top_k=30, max_tokens=40, n=3, seed=400),
+              SamplingParams(temperature=0.7, top_k=30, max_tokens=40, seed=401,
+                             stop_token_ids=stops)]
+    outs = llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    assert len(outs[0].outputs) == 3
+    for out in outs:
+        for completion in out.outputs:
+            check_alignment(completion, vocab)
+
+
+def test_min_p_and_logit_bias_never_reach_a_verify_step(llm):
+    """vLLM's V1 rejection sampler applies neither min_p nor logit_bias at draft
+    positions; upstream refuses both under speculative decoding, mask or not
+    (`SamplingParams._validate_spec_decode`), so no mask has to describe a draw
+    that ignored them. The overlay relies on that refusal: this checks it holds."""
+    for sampling in (dict(min_p=0.1), dict(logit_bias={5: 1.0})):
+        for extra in ({}, MASK_OFF):
+            with pytest.raises(Exception, match="min_p and logit_bias"):
+                llm.generate(PROMPTS[:1], SamplingParams(
+                    temperature=0.8, top_k=20, max_tokens=4, **sampling,
+                    extra_args=extra), use_tqdm=False)
+    out, = llm.generate(PROMPTS[:1], SamplingParams(temperature=0.8, top_k=20, max_tokens=4),
+                        use_tqdm=False)    # the engine keeps serving
+    assert len(out.outputs[0].sampling_mask) == 4
