@@ -20,6 +20,12 @@ The protocol the step-cost goal is judged by (docs/sampling_mask.md, "Cost"):
     python benchmarks/bench_step_cost.py --models demo --batches 32 --pairs 9
     python benchmarks/bench_step_cost.py --models demo --batches 32 --both-off   # the check
     python benchmarks/bench_step_cost.py --json docs/step_cost_0.32.0.json
+    python benchmarks/bench_step_cost.py --models demo --speculative draft_model --goal 0.95
+
+`--speculative ngram|draft_model` runs both engines with speculative decoding (3
+draft positions; `draft_model` with `demo.perturbed_draft`, a noisy copy of the demo
+model) and also reports each engine's acceptance rate over the pairs (the same
+seeded calls: they must be equal).
 
 Runs the V1 runner natively: TRITON_INTERPRET and VLLM_USE_V2_MODEL_RUNNER are
 removed from the environment before vLLM is imported.
@@ -32,6 +38,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 for _name in ("TRITON_INTERPRET", "VLLM_USE_V2_MODEL_RUNNER"):
@@ -89,13 +96,38 @@ def pairs(first, second, n: int) -> list[float]:
     return ratios
 
 
+def speculative_config(method: str | None, model: str, workdir: str) -> dict | None:
+    if method is None:
+        return None
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                "prompt_lookup_min": 1}
+    from vllm_sampling_mask import DEMO_MODEL
+    from vllm_sampling_mask.demo import perturbed_draft
+    if model != DEMO_MODEL:
+        raise SystemExit("--speculative draft_model: the draft is a copy of the demo model "
+                         "(--models demo)")
+    return {"method": "draft_model", "num_speculative_tokens": 3,
+            "model": perturbed_draft(os.path.join(workdir, "draft"))}
+
+
+def acceptance(llm) -> tuple[float, float]:
+    """(accepted, drafted) draft tokens so far."""
+    found = {m.name: m for m in llm.get_metrics()}
+    return (found["vllm:spec_decode_num_accepted_tokens"].value,
+            found["vllm:spec_decode_num_draft_tokens"].value)
+
+
 def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal: float,
-            max_iqr: float, support: bool = True, both_off: bool = False) -> list[dict]:
+            max_iqr: float, support: bool = True, both_off: bool = False,
+            speculative: dict | None = None) -> list[dict]:
     from vllm import LLM
     common = dict(model=model, dtype="float32", max_model_len=512, enforce_eager=True,
                   seed=0, logprobs_mode="processed_logprobs",
                   kv_cache_memory_bytes=1 << 30, max_num_seqs=max(batches),
                   skip_tokenizer_init=True)
+    if speculative is not None:
+        common.update(speculative_config=speculative, disable_log_stats=False)
     off = LLM(**common)
     # `both_off`: the protocol's own check, the second engine with the mask off too
     on = LLM(**common) if both_off else LLM(**common, return_sampling_mask=True)
@@ -108,15 +140,21 @@ def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal:
             llm.generate(prompts, params, use_tqdm=False)
         outs = on.generate(prompts[:1], params[:1], use_tqdm=False)
         assert (outs[0].outputs[0].sampling_mask is None) == both_off
+        before = [acceptance(llm) for llm in (off, on)] if speculative else None
         mask = pairs(lambda: timed(off, prompts, params), lambda: timed(on, prompts, params),
                      n_pairs)
         row = {"batch": batch, "mask_on_vs_off": verdict(mask, goal, max_iqr)}
+        if speculative:
+            for name, llm, (accepted, drafted) in zip(("off", "on"), (off, on), before):
+                now = acceptance(llm)
+                row[f"acceptance_{name}"] = (now[0] - accepted) / max(now[1] - drafted, 1)
         if support and not both_off:
             row["support_logprobs_vs_mask_only"] = verdict(
                 pairs(lambda: timed(on, prompts, params),
                       lambda: timed(on, prompts, with_logprobs), n_pairs), goal, max_iqr)
         rows.append(row)
         print(json.dumps({"batch": batch, **{k: {x: v[x] for x in ("median", "iqr", "status")}
+                                              if isinstance(v, dict) else v
                                               for k, v in row.items() if k != "batch"}}),
               flush=True)
     return rows
@@ -135,6 +173,8 @@ def main() -> None:
     ap.add_argument("--both-off", action="store_true",
                     help="the protocol's check: both engines with the mask off (the "
                          "ratio the order alone gives)")
+    ap.add_argument("--speculative", choices=["ngram", "draft_model"], default=None,
+                    help="both engines with speculative decoding (3 draft positions)")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args()
     if args.pairs < 4:
@@ -144,16 +184,19 @@ def main() -> None:
     report = {"vllm": vllm.__version__, "cpus": os.cpu_count(),
               "load_before": os.getloadavg(), "pairs": args.pairs,
               "max_tokens": args.max_tokens, "goal": args.goal, "max_iqr": args.max_iqr,
-              "models": {}}
+              "speculative": args.speculative, "models": {}}
+    workdir = tempfile.mkdtemp(prefix="bench_step_cost_")
     for name in args.models:
         path = model_path(name)
         print(f"== {name} (vLLM {vllm.__version__})", flush=True)
-        report["models"][name] = measure(path, args.batches, args.pairs, args.max_tokens,
-                                         args.goal, args.max_iqr, not args.no_support,
-                                         args.both_off)
+        report["models"][name] = measure(
+            path, args.batches, args.pairs, args.max_tokens, args.goal, args.max_iqr,
+            not args.no_support, args.both_off,
+            speculative_config(args.speculative, path, workdir))
     report["load_after"] = os.getloadavg()
     print(f"\nV1 runner, vLLM {vllm.__version__}, {args.max_tokens} tokens, top_k 50, "
-          f"top_p 0.95, {args.pairs} alternating pairs per point; load "
+          f"top_p 0.95, speculative decoding {args.speculative or 'off'}, "
+          f"{args.pairs} alternating pairs per point; load "
           f"{report['load_before'][0]:.2f} before, {report['load_after'][0]:.2f} after")
     print(f"{'model':>12} {'batch':>5} | {'on/off median [IQR]':>26} {'':>12} | "
           f"{'logprobs/mask-only [IQR]':>26} {'':>12}")
@@ -167,7 +210,9 @@ def main() -> None:
                 v = row[key]
                 cells.append(f"{v['median']:.3f} [{v['q1']:.3f}, {v['q3']:.3f}]"
                              f" {v['status']:>12}")
-            print(f"{name:>12} {row['batch']:>5} | {cells[0]:>39} | {cells[1]:>39}")
+            accepted = (f" | acceptance off {row['acceptance_off']:.3f}, on "
+                        f"{row['acceptance_on']:.3f}" if "acceptance_on" in row else "")
+            print(f"{name:>12} {row['batch']:>5} | {cells[0]:>39} | {cells[1]:>39}{accepted}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -1,8 +1,9 @@
 """Sampling masks under speculative decoding, on the V1 runner (natively, on CPU).
 
 One engine per method, each run through the module's tests in turn:
-`draft_model` with a draft that is a perturbed copy of the demo model (made here:
-every matrix plus Gaussian noise of 8% of its own spread, so the draft disagrees
+`draft_model` with a draft that is a perturbed copy of the demo model
+(`demo.perturbed_draft`: every matrix plus Gaussian noise of 8% of its own
+spread, so the draft disagrees
 with the target often enough that a step accepts some drafts, rejects others,
 recovers and, when all drafts pass, adds a bonus token), and `ngram` (prompt
 lookup; its drafts come from the text). Three positions per verify step.
@@ -16,17 +17,14 @@ token, logprob or acceptance.
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
-import torch
 from conftest import (ENGINE_KWARGS, PROMPTS, assert_supports_match_reference,
                       check_alignment, native_v1)
 from test_support_logprobs_engine import check_exact
 from vllm import LLM, SamplingParams
 
-from vllm_sampling_mask import DEMO_MODEL
+from vllm_sampling_mask.demo import perturbed_draft
 
 K = 3   # draft positions per verify step
 METHODS = ["draft_model", "ngram"]
@@ -34,23 +32,14 @@ MASK_OFF = {"return_sampling_mask": False}
 
 
 @pytest.fixture(scope="module")
-def perturbed_draft(tmp_path_factory) -> str:
-    from safetensors.torch import load_file, save_file
-
-    path = tmp_path_factory.mktemp("draft") / "model"
-    shutil.copytree(DEMO_MODEL, path)
-    weights = load_file(f"{DEMO_MODEL}/model.safetensors")
-    noise = torch.Generator().manual_seed(0)
-    weights = {name: w + 0.08 * w.std() * torch.randn(w.shape, generator=noise)
-               if w.ndim == 2 else w for name, w in weights.items()}
-    save_file(weights, f"{path}/model.safetensors", metadata={"format": "pt"})
-    return str(path)
+def draft(tmp_path_factory) -> str:
+    return perturbed_draft(str(tmp_path_factory.mktemp("draft") / "model"))
 
 
 @pytest.fixture(scope="module", params=METHODS)
-def llm(request, perturbed_draft):
+def llm(request, draft):
     if request.param == "draft_model":
-        spec = {"method": "draft_model", "model": perturbed_draft,
+        spec = {"method": "draft_model", "model": draft,
                 "num_speculative_tokens": K}
     else:
         spec = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3,

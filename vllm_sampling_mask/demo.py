@@ -40,6 +40,25 @@ DEMO_PROMPTS = [
 ]
 
 
+def perturbed_draft(path: str, noise: float = 0.08, seed: int = 0) -> str:
+    """A draft model for speculative decoding with the demo model: a copy of it at
+    `path` whose every matrix has Gaussian noise of `noise` times its own spread
+    added (seeded), so that it agrees with the demo model often, not always: a
+    verify step accepts some drafts and rejects others. Returns `path`."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(DEMO_MODEL, path, dirs_exist_ok=True)
+    weights = load_file(os.path.join(DEMO_MODEL, "model.safetensors"))
+    generator = torch.Generator().manual_seed(seed)
+    weights = {name: w + noise * w.std() * torch.randn(w.shape, generator=generator)
+               if w.ndim == 2 else w for name, w in weights.items()}
+    save_file(weights, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    return path
+
+
 def server_command(port: int, model: str = DEMO_MODEL, extra=(), mask: bool = True
                    ) -> list[str]:
     """The `vllm serve` command line; `mask=False` leaves out `--return-sampling-mask`
