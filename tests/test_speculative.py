@@ -12,18 +12,23 @@ What a mask must be there: each emitted token (accepted draft, recovered, bonus)
 gets the support of the processed target distribution at its position, checked
 against an independent transformers forward pass over its prefix, whatever kind
 of token it is; rejected drafts contribute nothing; masks on or off change no
-token, logprob or acceptance.
+token, logprob or acceptance. Over HTTP (`vllm serve` with n-gram speculation), a
+streamed chunk carries the masks of every token a verify step emitted.
 """
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+import requests
 from conftest import (ENGINE_KWARGS, PROMPTS, assert_supports_match_reference,
                       check_alignment, native_v1)
 from test_support_logprobs_engine import check_exact
 from vllm import LLM, SamplingParams
 
+from vllm_sampling_mask import DEMO_MODEL, SamplingMask
 from vllm_sampling_mask.demo import perturbed_draft
 
 K = 3   # draft positions per verify step
@@ -144,3 +149,47 @@ def test_min_p_and_logit_bias_never_reach_a_verify_step(llm):
     out, = llm.generate(PROMPTS[:1], SamplingParams(temperature=0.8, top_k=20, max_tokens=4),
                         use_tqdm=False)    # the engine keeps serving
     assert len(out.outputs[0].sampling_mask) == 4
+
+
+# -- over HTTP: one `vllm serve` with n-gram speculation ---------------------
+
+@pytest.fixture(scope="module")
+def spec_server(tmp_path_factory):
+    from conftest import free_port
+
+    from vllm_sampling_mask.demo import serving
+    spec = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3,
+            "prompt_lookup_min": 1}
+    log = tmp_path_factory.mktemp("serve-spec") / "vllm-serve.log"
+    with serving(free_port(), str(log), extra=["--speculative-config", json.dumps(spec)],
+                 runner="v1") as base:
+        yield base
+
+
+def completion(base, stream: bool, fmt: str = "lists") -> list[tuple[list[int], SamplingMask]]:
+    """(token ids, masks) of each response part (every streamed chunk, or the one
+    response) of one seeded /v1/completions request."""
+    body = {"model": DEMO_MODEL, "prompt": "the cat sat on the mat. the cat sat on the",
+            "max_tokens": 48, "temperature": 0.7, "top_k": 30, "seed": 7, "ignore_eos": True,
+            "return_token_ids": True, "stream": stream, "sampling_mask_format": fmt}
+    r = requests.post(base + "/v1/completions", json=body, timeout=300, stream=stream)
+    assert r.status_code == 200, r.text[:500]
+    parts = ([json.loads(line[len("data: "):]) for line in r.iter_lines(decode_unicode=True)
+              if line.startswith("data: {")] if stream else [r.json()])
+    return [(c["token_ids"], SamplingMask.from_response(p))
+            for p in parts for c in p["choices"] if c.get("token_ids")]
+
+
+@pytest.mark.parametrize("fmt", ["lists", "packed"])
+def test_streamed_chunks_carry_one_mask_per_token_of_a_multi_token_step(spec_server, fmt):
+    full = completion(spec_server, stream=False, fmt=fmt)
+    chunks = completion(spec_server, stream=True, fmt=fmt)
+    (tokens, mask), = full
+    assert len(tokens) == len(mask) == 48
+    for token, support in zip(tokens, mask.token_ids):
+        assert token in support
+    assert [t for ids, _ in chunks for t in ids] == tokens
+    assert [s for _, m in chunks for s in m.token_ids] == mask.token_ids
+    for ids, m in chunks:
+        assert len(m) == len(ids)
+    assert max(len(ids) for ids, _ in chunks) > 1   # a verify step emitted several
