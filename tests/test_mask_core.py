@@ -201,8 +201,6 @@ def test_startup_rules_name_each_fix():
     ngram = {"method": "ngram", "num_speculative_tokens": 2}
     cases = {
         "logprobs_mode": ("raw_logprobs", "--logprobs-mode processed_logprobs"),
-        # speculative decoding: the V1 runner only, for now
-        "speculative": (ngram, "VLLM_USE_V2_MODEL_RUNNER=0"),
         "logits_processors": (["x.Y"], "--logits-processors"),
         "runner_type": ("pooling", "pooling"),
         "is_diffusion": (True, "diffusion"),
@@ -211,10 +209,11 @@ def test_startup_rules_name_each_fix():
         errors = startup_errors(**{**ok, key: value})
         assert len(errors) == 1 and fix in errors[0], (key, errors)
     v1 = {**ok, "use_v2_model_runner": False}
-    # the V1 runner takes custom logits processors (inside its sampler), and
-    # speculative decoding with the standard rejection sampler
+    # the V1 runner takes custom logits processors (inside its sampler); both
+    # runners speculative decoding with the standard rejection sampler
     assert startup_errors(**{**v1, "logits_processors": ["x.Y"]}) == []
     assert startup_errors(**{**v1, "speculative": ngram}) == []
+    assert startup_errors(**{**ok, "speculative": ngram}) == []
     refused = {
         "rejection_sample_method 'standard'": {**ngram, "rejection_sample_method": "synthetic"},
         "'block'": {**ngram, "rejection_sample_method": "block"},

@@ -21,9 +21,9 @@ class NoOpLogitsProcessor:  # only its presence in the config matters
 @pytest.mark.parametrize("overrides, fix", [
     (dict(logprobs_mode="raw_logprobs"), "--logprobs-mode processed_logprobs"),
     (dict(logprobs_mode="processed_logits"), "--logprobs-mode processed_logprobs"),
-    # speculative decoding runs with masks on the V1 runner only, for now
     (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2,
-                              "prompt_lookup_max": 3}), "VLLM_USE_V2_MODEL_RUNNER=0"),
+                              "prompt_lookup_max": 3, "rejection_sample_method": "block"}),
+     "'block'"),
     # on Model Runner V2 (the suite's default); the V1 runner takes them
     (dict(logits_processors=[NoOpLogitsProcessor]), "--logits-processors"),
     (dict(runner="pooling"), "pooling"),

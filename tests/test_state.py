@@ -281,3 +281,21 @@ def test_a_verify_step_decodes_one_support_per_emitted_token():
     ids, counts, _, _ = host.wire().of(0, 2)
     assert np.frombuffer(counts, "<i4").tolist() == [len(finite[0]), len(finite[1])]
     assert np.frombuffer(ids, "<i4").tolist() == finite[0] + finite[1]
+
+
+def test_a_part_of_a_step_captures_its_own_asked_rows():
+    from vllm_sampling_mask.worker.capture import merged, part_capture
+    whole = ScaledCapture(np.array([1, 4, 5]))
+    bonus, drafts = np.array([2, 5]), np.array([0, 1, 3, 4])
+    assert part_capture(whole, bonus).rows.tolist() == [1]        # row 5: bonus row 1
+    assert part_capture(whole, drafts).rows.tolist() == [1, 3]    # rows 1 and 4
+    assert part_capture(whole, np.array([0, 2])) is None and part_capture(None, bonus) is None
+    assert part_capture(whole, np.zeros(0, np.int64)) is None     # a step with no drafts
+    parts = []
+    for rows in (bonus, drafts):
+        capture = part_capture(whole, rows)
+        capture.record(torch.zeros(len(rows), 3))                 # uniform: -log 3
+        parts.append((rows, capture))
+    top = merged(6, parts, "test", "cpu")
+    assert torch.allclose(top[[1, 4, 5]], torch.full((3,), -float(np.log(3))))
+    assert top[[0, 2, 3]].tolist() == [0.0, 0.0, 0.0]

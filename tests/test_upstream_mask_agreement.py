@@ -80,3 +80,31 @@ def test_overlay_and_upstream_extract_the_same_supports(seed, top_k, max_num_kep
     assert ours == theirs
     reference = [torch.nonzero(torch.isfinite(row)).view(-1).tolist() for row in logits]
     assert ours == reference
+
+
+@pytest.mark.skipif("cu_num_logits" not in _TAKES,
+                    reason="this vLLM release (0.28-0.31) has no verify-step mask of its own "
+                           "(vLLM #54166, 0.32)")
+def test_a_verify_step_agrees_with_upstreams_rejection_sampler_mask():
+    """A verify step: requests of 3, 1 and 4 positions (drafts, then the bonus
+    position) that emitted 2, 1 and 4 tokens; upstream's mask of the emitted
+    tokens (`from_logits` with the rows' offsets, as its rejection sampler calls
+    it) and the overlay's (`transport.decode` with the rows per request) agree,
+    token by token."""
+    rows_per_request = np.array([3, 1, 4])
+    emitted = np.array([2, 1, 4])
+    logits = hostile_logits(rows=8, vocab=3001, top_k=20, seed=3)
+    cu = np.concatenate(([0], np.cumsum(rows_per_request))).astype(np.int32)
+    tensors = upstream_output.SamplingMaskTensors.from_logits(
+        logits, torch.from_numpy(cu), torch.from_numpy(emitted.astype(np.int32)), 20,
+        int(rows_per_request.max()))
+    theirs = tensors.to_cpu_nonblocking().tolists(emitted).to_nested_list()
+    layout = plan_layout(np.full(8, 20), logits.shape[1], max_size=logits.shape[1])
+    mask = extract_support(logits, layout, implementation="triton",
+                           settings=ExtractionSettings(kernel_chunk=512))
+    host = decode(mask.block.cpu().numpy(), layout, mask.row_of(), emitted, None, 0,
+                  rows_per_request)
+    ours = [host.row(int(r)).tolist() for i, n in enumerate(emitted)
+            for r in host.rows(i, int(n))]
+    assert len(theirs) == emitted.sum()
+    assert ours == [list(s) for s in theirs]

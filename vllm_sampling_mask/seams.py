@@ -217,6 +217,13 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _f(TKTP, "apply_top_k_top_p", "logits", "k", "p"),
         _f(TKTP, "apply_top_k_top_p_pytorch", "logits", "k", "p", "allow_cpu_sync"),
     ),
+    "interpreter_masks": (
+        _f("triton.runtime.interpreter", "InterpreterBuilder.create_masked_load", "self",
+           "ptrs", "mask", "other", "cache_policy", "is_volatile"),
+        _f("triton.runtime.interpreter", "InterpreterBuilder.create_masked_store", "self",
+           "ptrs", "value", "mask", "cache_policy"),
+        _n("triton.runtime.interpreter", "TensorHandle"),
+    ),
     "interpreter_dummy_run": (
         _f(f"{GPU}.model_runner", "GPUModelRunner._dummy_sampler_run", "self",
            "hidden_states"),
@@ -401,6 +408,18 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "all_random"),
         _s("vllm.v1.sample.sampler", "Sampler.sample", "logits = self.apply_temperature(",
            "sampling_metadata.logitsprocs.argmax_invariant"),
+    ),
+    "rejection_sampler": (
+        _f(f"{GPU}.spec_decode.rejection_sampler", "RejectionSampler.__call__", "self",
+           "logits", "input_batch", "draft_logits", until="0.32.0"),
+        _f(f"{GPU}.spec_decode.rejection_sampler", "RejectionSampler.__call__", "self",
+           "logits", "input_batch", "draft_logits", "invalid_drafts", since="0.32.0"),
+        # every position's processed logits come from the sampler's own processing
+        # (shadowed on the instance), rows per request from the host cumsum
+        _s(f"{GPU}.spec_decode.rejection_sampler", "RejectionSampler",
+           "self.sampler.apply_sampling_params(", "input_batch.cu_num_logits_np"),
+        _s(f"{GPU}.sample.sampler", "Sampler.apply_sampling_params",
+           "self.sampling_states.apply_min_p("),
     ),
     "rejection_sampler_v1": (
         _f(REJECTION, "RejectionSampler.forward", "self", "metadata", "draft_probs",

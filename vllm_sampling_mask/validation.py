@@ -100,11 +100,6 @@ def speculation_errors(speculative, *, use_v2_model_runner: bool,
         return getattr(speculative, name, default)
 
     errors = []
-    if use_v2_model_runner:
-        errors.append(
-            f"{FLAG} with --speculative-config runs on the V1 model runner only (Model "
-            "Runner V2's rejection sampler is not carried yet): set "
-            "VLLM_USE_V2_MODEL_RUNNER=0, or remove --speculative-config.")
     method = setting("rejection_sample_method", "standard") or "standard"
     if method != "standard":
         errors.append(
@@ -116,7 +111,7 @@ def speculation_errors(speculative, *, use_v2_model_runner: bool,
         errors.append(
             f"{FLAG} does not support speculative_config.enable_adaptive_verification "
             "(upstream's own mask refuses it too): set it to false.")
-    if logits_processors:
+    if logits_processors and not use_v2_model_runner:   # (MRv2: refused below)
         errors.append(
             f"{FLAG} with --speculative-config does not support engine-level custom "
             "logits processors: vLLM's V1 rejection sampler does not apply them at draft "

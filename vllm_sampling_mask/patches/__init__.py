@@ -164,6 +164,9 @@ _RECORDS = (
           until="0.31.0"),
     Patch("interpreter_patch_cache", ("triton.runtime.interpreter",), WORKER, E,
           "none: interpreter speed", "Triton's interpreter caches its language patching"),
+    Patch("interpreter_masks", ("triton.runtime.interpreter",), WORKER, E,
+          "none: interpreter gap (`&` with a scalar int1 gives an int64 mask)",
+          "Triton's interpreter keeps int1 masks or accepts integer ones"),
     Patch("interpreter_dummy_run", (f"{GPU}.model_runner",), WORKER, E,
           NONE_KNOWN + "MRv2's profiling run feeds uninitialised hidden states",
           "upstream initialises its dummy inputs, or the interpreter tolerates NaN argmax"),
@@ -174,6 +177,10 @@ _RECORDS = (
     # -- the mask's path: sampler -> runner output -> scheduler -> client -> user
     Patch("sampler", (f"{GPU}.sample.sampler", f"{GPU}.sample.states"), WORKER, F, MASK_PR,
           MASK_GONE),
+    Patch("rejection_sampler", (f"{GPU}.spec_decode.rejection_sampler",), WORKER, F,
+          "vLLM #54166 (masks from Model Runner V2's rejection sampler, 0.32)",
+          "upstream's rejection-sampler mask takes per-request decisions, the size limit "
+          "and support logprobs; from 0.32 this replaces it (its flag is kept off)"),
     Patch("runner", (f"{GPU}.model_runner",), WORKER, F, MASK_PR, MASK_GONE,
           after=("interpreter_dummy_run",)),
     Patch("async_output", (f"{GPU}.async_utils",), WORKER, F, MASK_PR, MASK_GONE),

@@ -13,8 +13,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
+import torch
 
 from vllm_sampling_mask.errors import MissingSamplingMaskError
+from vllm_sampling_mask.extraction import host_index
 from vllm_sampling_mask.support_logprobs import scaled_top_logprob
 
 
@@ -42,6 +44,29 @@ class ScaledCapture:
                 hop, "rows asked for support logprobs but the sampler recorded no "
                 "temperature-scaled logits")
         return self.scaled_top
+
+
+def merged(batch_rows: int, parts, hop: str, device) -> torch.Tensor:
+    """One step's scaled top logprobs ([batch rows], as `scaled_top_logprob`
+    gives them) from the captures of its parts, each (the part's batch rows in
+    the step, ascending; its capture or None), when a sampling path processes
+    a step's rows in parts (a verify step's bonus and draft positions, or its
+    chunks)."""
+    out = torch.zeros(batch_rows, dtype=torch.float32, device=device)
+    for rows, capture in parts:
+        if capture is not None:
+            out[host_index(rows, device)] = capture.result(hop)
+    return out
+
+
+def part_capture(whole: ScaledCapture | None, rows: np.ndarray) -> ScaledCapture | None:
+    """The capture of the asked rows among the step's batch rows `rows`
+    (ascending), numbered as that part's own batch; None when none asked."""
+    if whole is None or not len(rows):
+        return None
+    asked = np.searchsorted(rows, whole.rows)
+    inside = (asked < len(rows)) & (rows[np.minimum(asked, len(rows) - 1)] == whole.rows)
+    return ScaledCapture(asked[inside]) if inside.any() else None
 
 
 _ABSENT = object()

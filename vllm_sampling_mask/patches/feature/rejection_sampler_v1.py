@@ -39,11 +39,10 @@ import numpy as np
 import torch
 
 from vllm_sampling_mask.errors import MissingSamplingMaskError
-from vllm_sampling_mask.extraction import host_index
 from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.worker import plan as plans
-from vllm_sampling_mask.worker.capture import ScaledCapture, shadowing
+from vllm_sampling_mask.worker.capture import merged, part_capture, shadowing
 
 HOP = "V1 RejectionSampler.forward"
 
@@ -71,7 +70,7 @@ def apply(module, release: Release) -> None:
             kept["bonus capture"] = capture
             return None
 
-        draft_capture = _capture(step.capture, is_bonus, draft_rows)
+        draft_capture = part_capture(step.capture, draft_rows)
         constrain = module.apply_top_k_top_p
 
         def constrained(scaled_logits, *rest, **named):
@@ -98,28 +97,8 @@ def apply(module, release: Release) -> None:
         if len(draft_rows):
             processed[metadata.target_logits_indices] = kept["draft"]
         if step.capture is not None:
-            step.capture.scaled_top = _merged(
+            step.capture.scaled_top = merged(
                 plan.batch_rows, ((bonus_rows, kept["bonus capture"]),
                                   (draft_rows, draft_capture)), HOP, logits.device)
         step.extract(HOP, processed)
         return output
-
-
-def _capture(whole: ScaledCapture | None, is_bonus: np.ndarray, draft_rows: np.ndarray
-             ) -> ScaledCapture | None:
-    """The capture of the draft positions that asked, numbered as the draft
-    positions' own batch (the rows `apply_sampling_constraints` gets)."""
-    if whole is None:
-        return None
-    asked = whole.rows[~is_bonus[whole.rows]]
-    return ScaledCapture(np.searchsorted(draft_rows, asked)) if len(asked) else None
-
-
-def _merged(batch_rows: int, parts, hop: str, device) -> torch.Tensor:
-    """The step's scaled top logprobs ([batch rows], as `scaled_top_logprob`
-    gives them) from its parts' captures: (the part's batch rows, its capture)."""
-    merged = torch.zeros(batch_rows, dtype=torch.float32, device=device)
-    for rows, capture in parts:
-        if capture is not None:
-            merged[host_index(rows, device)] = capture.result(hop)
-    return merged

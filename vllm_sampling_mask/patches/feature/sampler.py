@@ -12,9 +12,8 @@ What: in `vllm/v1/worker/gpu/sample/sampler.py`, declares
     step, a partial prefill chunk: the host mirror of upstream's own rule in
     `get_num_sampled_and_rejected`, seq_len < prefill_len, from
     `InputBatch.seq_lens_cpu_upper_bound` against the sampler's
-    `req_states.prefill_len.np` of the batch's slots; exact without
-    speculative decoding, which the flag refuses; in the profiling run the
-    sampler plans every row); `sample` compacts the support of the logits it
+    `req_states.prefill_len.np` of the batch's slots, `discarded_rows`; in the
+    profiling run the sampler plans every row); `sample` compacts the support of the logits it
     sampled from (after every processor and top-k/top-p/min-p) for the plan's
     rows into the step (`MaskStep.extract`: sized from host-side top-k, no
     device sync; the rows left out decode as sampled nothing).
@@ -67,7 +66,7 @@ def apply(module, release: Release) -> None:
             slots = input_batch.idx_mapping_np
             step.set_plan("Sampler.__call__", state.plan(
                 slots, self.sampling_states.top_k.np[slots],
-                _discarded(self, input_batch), normalise=True))
+                discarded_rows(self, input_batch), normalise=True))
         return wrapped(*args, **kwargs)
 
     @wraps(module, "Sampler.sample")
@@ -98,13 +97,15 @@ def apply(module, release: Release) -> None:
         return sampled, processed_logits
 
 
-def _discarded(sampler, input_batch) -> np.ndarray:
-    """The batch rows whose sampled token upstream discards this step (a partial
-    prefill chunk), from host arrays only: upstream's rule (seq_len <
-    prefill_len of the row's slot, `get_num_sampled_and_rejected`) on the step's
-    host-side sequence lengths (`seq_lens_cpu_upper_bound`, exact without
-    speculative decoding) and the slots' host-side prefill lengths, the ones the
-    device rule reads. Vectorised; no device sync."""
+def discarded_rows(sampler, input_batch) -> np.ndarray:
+    """The requests of the batch whose sampled token upstream discards this step
+    (a partial prefill chunk), from host arrays only: upstream's rule (seq_len <
+    prefill_len of the request's slot, `get_num_sampled_and_rejected`) on the
+    step's host-side sequence lengths (`seq_lens_cpu_upper_bound`) and the
+    slots' host-side prefill lengths, the ones the device rule reads. The upper
+    bound is exact for every request the rule can discard: under speculative
+    decoding it also counts drafts, which only a request past its prefill has.
+    Vectorised; no device sync."""
     slots = input_batch.idx_mapping_np
     seq_lens = input_batch.seq_lens_cpu_upper_bound.numpy()[: len(slots)]
     return seq_lens < sampler.req_states.prefill_len.np[slots]
