@@ -230,6 +230,30 @@ def test_cpu_moe_runs_is_what_the_release_does(release):
         assert release.cpu_moe_runs
 
 
+@pytest.mark.parametrize("method", ["draft_model", "ngram"])
+def test_mrv2_speculators_are_what_the_release_accepts(release, method, monkeypatch):
+    """`release.mrv2_speculators`: the speculative methods Model Runner V2 takes on
+    this release (upstream refuses the others when it builds the engine config)."""
+    from vllm import EngineArgs
+
+    from vllm_sampling_mask import DEMO_MODEL
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    spec = ({"method": "draft_model", "model": DEMO_MODEL, "num_speculative_tokens": 2}
+            if method == "draft_model" else
+            {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3})
+    args = EngineArgs(model=DEMO_MODEL, dtype="float32", max_model_len=256,
+                      enforce_eager=True, speculative_config=spec)
+    try:
+        config = args.create_engine_config()
+    except Exception as exc:  # upstream's refusal (a pydantic ValidationError on 0.27+)
+        assert "Model Runner V2 does not yet support" in str(exc), exc
+        assert method not in release.mrv2_speculators
+    else:
+        assert config.use_v2_model_runner
+        assert method in release.mrv2_speculators
+
+
 def test_the_client_error_class_is_what_the_release_has(release):
     """`release.client_error` names the release's base of client errors: every
     client error class of `vllm.exceptions` derives from it where the release has

@@ -89,6 +89,11 @@ class Release:
     # the Triton minor release its torch pin brings (the interpreter enablers are
     # checked against it): torch 2.13 -> Triton 3.9, 0.24's torch 2.11 -> 3.6
     triton: str = "3.9"
+    # the speculative methods a CPU host can run (n-gram lookup, a draft model) that
+    # Model Runner V2 accepts: before 0.31 only EAGLE/MTP heads ("Model Runner V2
+    # does not yet support: ngram/ngram_gpu speculative decoding", "... speculative
+    # method 'draft_model'"); 0.31 adds draft_model, 0.32 ngram
+    mrv2_speculators: tuple[str, ...] = ()
 
     def module(self, role: str) -> str:
         return self.modules[role]
@@ -175,8 +180,9 @@ V0_29 = _after(
 # the generate route is served only with --enable-scale-out
 V0_30 = _after(V0_29, "0.30.0", generate_route_option=("--enable-scale-out",))
 
-# what changed is in seam entries only (signatures: `since="0.31.0"`)
-V0_31 = _after(V0_30, "0.31.0")
+# what changed is in seam entries (signatures: `since="0.31.0"`), and Model Runner
+# V2 speculates with a draft model
+V0_31 = _after(V0_30, "0.31.0", mrv2_speculators=("draft_model",))
 
 # the generate route: one response and choice class per output mode, streamed or
 # not; its stream counters sized by n; Python 3.11
@@ -189,6 +195,7 @@ V0_32 = _after(
     generate_response="GenerateResponseBase",
     generate_n_stream_bug=False,
     python=(3, 11),
+    mrv2_speculators=("draft_model", "ngram"),
 )
 
 RELEASES: tuple[Release, ...] = (V0_24, V0_27, V0_28, V0_29, V0_30, V0_31, V0_32)
