@@ -1,6 +1,7 @@
 """Request errors as a person reads them: the wording of schema 400s (`messages`,
 patch `validation_messages`), the one log line of a refusal (`refusal_log`), and
-`top_k` at or above the vocabulary size (`validation.resolve_request`). No engine:
+`top_k` at or above the vocabulary size (`validation.resolve_request`); and what a
+shutdown asked for leaves (`shutdown_log`, `server_signals`). No engine:
 the three routes' real request models behind the patched handler, in FastAPI's test
 client."""
 
@@ -250,6 +251,35 @@ def test_a_shutdown_asked_for_logs_no_engine_dead_traceback(caplog):
     assert quiet.exc_info is None and quiet.levelname == "INFO"
     assert quiet.getMessage().startswith("[shutdown] AsyncLLM: output handler stopped")
     assert loud.exc_info is not None and loud.levelname == "ERROR"
+
+
+def test_the_http_server_leaves_sigterm_to_vllms_own_handlers():
+    """The `server_signals` patch (0.24): the uvicorn server `serve_http` builds
+    installs no SIGINT/SIGTERM handler of its own, so on SIGTERM vLLM's handlers
+    stop the engine client before the HTTP server stops (uvicorn's own closed the
+    port at once). Every other uvicorn name `serve_http` reads is uvicorn's."""
+    import importlib
+    import signal
+
+    import uvicorn
+
+    from vllm_sampling_mask.patches import REGISTRY
+
+    release, record = patching.upstream_release(), REGISTRY["server_signals"]
+    if not record.applies_to(release):
+        pytest.skip(f"vLLM {release.version} registers its handlers after uvicorn's "
+                    "(0.27.1, vLLM #49668) or builds a server that installs none (0.28 "
+                    "on, #50916)")
+    patching.apply_all()
+    launcher = importlib.import_module(record.targets_for(release)[0])
+    server = launcher.uvicorn.Server(uvicorn.Config(FastAPI()))
+    assert isinstance(server, uvicorn.Server) and launcher.uvicorn.Config is uvicorn.Config
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with server.capture_signals():
+        assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+    # stock uvicorn takes SIGTERM over inside the same block (what the patch prevents)
+    with uvicorn.Server(uvicorn.Config(FastAPI())).capture_signals():
+        assert signal.getsignal(signal.SIGTERM) != before[0]
 
 
 def test_misplaced_mask_fields_and_generate_sampling_fields_name_the_right_place():

@@ -620,6 +620,14 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _s("vllm.entrypoints.openai.models.serving", "OpenAIServingModels.__init__",
            "self.model_config = ", "self.base_model_paths = base_model_paths"),
     ),
+    # 0.24's serve_http: the uvicorn server it builds, the loop handlers it registers
+    # before that server runs, and the shutdown task those handlers start
+    "server_signals": (
+        _s("vllm.entrypoints.launcher", "serve_http", "server = uvicorn.Server(config)",
+           "loop.add_signal_handler(signal.SIGTERM, signal_handler)",
+           "partial(engine_client.shutdown, timeout=timeout)", "server_task.cancel()"),
+        _f("uvicorn", "Server.capture_signals", "self"),
+    ),
     "shutdown_log": (
         _f("vllm.v1.engine.async_llm", "AsyncLLM.shutdown", "self", "timeout"),
         _s("vllm.v1.engine.async_llm", "AsyncLLM._run_output_handler",

@@ -132,6 +132,11 @@ _RECORDS = (
           "traceback from AsyncLLM's output handler although nothing went wrong",
           "upstream's output handler exits quietly on an engine it is stopping",
           after=("shutdown_answers",)),
+    Patch("server_signals", ("vllm.entrypoints.launcher",), API, X,
+          "vLLM #49668 (0.27.1: its SIGTERM handlers registered once uvicorn has "
+          "started), #50916 (0.28: a uvicorn server that installs none); on 0.24 "
+          "uvicorn's own handler also runs and stops serving HTTP before the drain",
+          "0.24 is dropped (fixed upstream in 0.27.1)", until="0.27.1"),
     Patch("validation_messages", ("{validation_handler}",), API, X,
           NONE_KNOWN + "schema 400s carry Python reprs of pydantic's errors and a "
           "character offset as `param` for malformed JSON "
