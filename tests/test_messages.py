@@ -162,6 +162,21 @@ def test_a_refusal_raised_while_building_sampling_params_names_its_field():
     assert describe([error])[0] == "sampling_params"
 
 
+def test_a_logit_bias_key_that_is_no_token_id_names_logit_bias():
+    """What the OpenAI requests' `to_sampling_params` meets: upstream names
+    `logit_bias` for a key `int()` does not take (vLLM #46612, 0.27.1 on); on 0.24,
+    whose bare `int()` raised a plain ValueError, the `logit_bias_keys` patch does."""
+    patching.apply_all()
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import SamplingParams
+
+    with pytest.raises(VLLMValidationError) as caught:
+        SamplingParams.from_optional(logit_bias={"abc": 1.0, "7": 2.0})
+    assert caught.value.parameter == "logit_bias" and "'abc'" in str(caught.value)
+    # keys int() takes are converted, biases clamped, as upstream does
+    assert SamplingParams.from_optional(logit_bias={"7": 200.0}).logit_bias == {7: 100.0}
+
+
 def test_a_refusal_is_one_log_line():
     from vllm.exceptions import VLLMValidationError
     line = refusal_line(VLLMValidationError("temperature=0.0 is greedy,\n  so no mask.",
