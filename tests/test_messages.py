@@ -136,6 +136,20 @@ def test_schema_errors_name_the_parameter(client, route, payload, param, message
     readable(got_param, got)
 
 
+@pytest.mark.parametrize("route, field", [(CMPL, "logprobs"), (CMPL, "prompt_logprobs"),
+                                          (CHAT, "top_logprobs"), (CHAT, "prompt_logprobs")])
+def test_a_logprobs_field_that_is_no_number_names_it(client, route, field):
+    """Upstream's `check_logprobs` names the field (vLLM #49144, 0.27 on); on 0.24,
+    whose comparison raised a TypeError naming none, the request subclass does
+    (`Release.logprobs_compared_raw`)."""
+    extra = {"logprobs": True} if field == "top_logprobs" else {}
+    param, message = refuse(client, route, body(route, **{field: "x"}, **extra))
+    assert param == field and field in message, message
+    if field in patching.upstream_release().logprobs_compared_raw.get(
+            "CompletionRequest" if route == CMPL else "ChatCompletionRequest", ()):
+        assert message == f"{field} must be an integer, not 'x'."
+
+
 def test_describe_without_a_route():
     # a field whose nullability is unknown is not said to take null
     assert describe([{"type": "bool_type", "loc": ("body", "stream"), "msg": "x",

@@ -62,7 +62,7 @@ def test_0_27_is_0_24_plus_what_it_changed():
     tito = "vllm.entrypoints.scale_out.token_in_token_out"
     assert _changed(v24, v27) == {
         "client_error": "VLLMClientError", "triton": "3.9", "cpu_extra": True,
-        "plain_sampling_refusals": False, "cpu_moe_runs": True,
+        "plain_sampling_refusals": False, "cpu_moe_runs": True, "logprobs_compared_raw": {},
         "generate_protocol": f"{tito}.protocol", "generate_serving": f"{tito}.serving",
         "generate_router": f"{tito}.api_router"}
     for role in ("generate_protocol", "generate_serving", "generate_router"):
@@ -211,6 +211,30 @@ def test_plain_sampling_refusals_is_what_the_release_raises(release):
         SamplingParams(top_k=-2)
     assert (type(caught.value) is ValueError) == release.plain_sampling_refusals
     assert str(caught.value).startswith("top_k must")
+
+
+def test_logprobs_compared_raw_is_what_the_releases_requests_do(release):
+    """`release.logprobs_compared_raw`: the OpenAI request classes whose
+    `check_logprobs` before-validator compares these fields as sent (a string there
+    raises a TypeError: 0.24), where the others refuse it naming the field (vLLM
+    #49144, 0.27 on)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    compared = {CompletionRequest: ("prompt_logprobs", "logprobs"),
+                ChatCompletionRequest: ("prompt_logprobs", "top_logprobs")}
+    assert set(release.logprobs_compared_raw) <= {c.__name__ for c in compared}
+    for cls, fields in compared.items():
+        raw = release.logprobs_compared_raw.get(cls.__name__, ())
+        for field in fields:
+            try:
+                cls.check_logprobs({field: "x"})
+            except TypeError:
+                assert field in raw, (cls.__name__, field)
+            except ValueError as exc:
+                assert field not in raw and exc.parameter == field, (cls.__name__, field)
+            else:
+                pytest.fail(f"{cls.__name__}.check_logprobs took {field}='x'")
 
 
 def test_cpu_moe_runs_is_what_the_release_does(release):
