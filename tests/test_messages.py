@@ -139,15 +139,24 @@ def test_schema_errors_name_the_parameter(client, route, payload, param, message
 @pytest.mark.parametrize("route, field", [(CMPL, "logprobs"), (CMPL, "prompt_logprobs"),
                                           (CHAT, "top_logprobs"), (CHAT, "prompt_logprobs")])
 def test_a_logprobs_field_that_is_no_number_names_it(client, route, field):
-    """Upstream's `check_logprobs` names the field (vLLM #49144, 0.27 on); on 0.24,
-    whose comparison raised a TypeError naming none, the request subclass does
-    (`Release.logprobs_compared_raw`)."""
-    extra = {"logprobs": True} if field == "top_logprobs" else {}
-    param, message = refuse(client, route, body(route, **{field: "x"}, **extra))
-    assert param == field and field in message, message
-    if field in patching.upstream_release().logprobs_compared_raw.get(
-            "CompletionRequest" if route == CMPL else "ChatCompletionRequest", ()):
-        assert message == f"{field} must be an integer, not 'x'."
+    """On 0.24, whose `check_logprobs` compared the field as sent (a TypeError, a 400
+    naming nothing: `Release.logprobs_compared_raw`), the request subclass refuses it
+    first, a schema 400 naming it; from 0.27 upstream's own check names it (vLLM
+    #49144), a client error that the app's handlers answer 400 with that parameter."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.exceptions import VLLMValidationError
+
+    model = CompletionRequest if route == CMPL else ChatCompletionRequest
+    payload = body(route, **{field: "x"}, **({"logprobs": True}
+                                             if field == "top_logprobs" else {}))
+    if field in patching.upstream_release().logprobs_compared_raw.get(model.__name__, ()):
+        param, message = refuse(client, route, payload)
+        assert (param, message) == (field, f"{field} must be an integer, not 'x'.")
+    else:
+        with pytest.raises(VLLMValidationError) as caught:
+            model.model_validate(payload)
+        assert caught.value.parameter == field
 
 
 def test_describe_without_a_route():

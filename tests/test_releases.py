@@ -222,6 +222,7 @@ def test_logprobs_compared_raw_is_what_the_releases_requests_do(release):
     #49144, 0.27 on)."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.exceptions import VLLMValidationError
 
     compared = {CompletionRequest: ("prompt_logprobs", "logprobs"),
                 ChatCompletionRequest: ("prompt_logprobs", "top_logprobs")}
@@ -233,7 +234,7 @@ def test_logprobs_compared_raw_is_what_the_releases_requests_do(release):
                 cls.check_logprobs({field: "x"})
             except TypeError:
                 assert field in raw, (cls.__name__, field)
-            except ValueError as exc:
+            except VLLMValidationError as exc:
                 assert field not in raw and exc.parameter == field, (cls.__name__, field)
             else:
                 pytest.fail(f"{cls.__name__}.check_logprobs took {field}='x'")
