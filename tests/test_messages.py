@@ -305,9 +305,9 @@ def test_the_http_server_leaves_sigterm_to_vllms_own_handlers():
 
     release, record = patching.upstream_release(), REGISTRY["server_signals"]
     if not record.applies_to(release):
-        pytest.skip(f"vLLM {release.version} registers its handlers after uvicorn's "
-                    "(0.27.1, vLLM #49668) or builds a server that installs none (0.28 "
-                    "on, #50916)")
+        pytest.skip(f"a 0.24 patch (this is vLLM {release.version}): 0.27.1 registers "
+                    "its handlers after uvicorn's (vLLM #49668), 0.28 on builds a server "
+                    "that installs none (#50916)")
     patching.apply_all()
     launcher = importlib.import_module(record.targets_for(release)[0])
     server = launcher.uvicorn.Server(uvicorn.Config(FastAPI()))
