@@ -1,6 +1,7 @@
 """Request errors as a person reads them: the wording of schema 400s (`messages`,
 patch `validation_messages`), the one log line of a refusal (`refusal_log`), and
-`top_k` at or above the vocabulary size (`validation.resolve_request`). No engine:
+`top_k` at or above the vocabulary size (`validation.resolve_request`); and what a
+shutdown asked for leaves (`shutdown_log`, `server_signals`). No engine:
 the three routes' real request models behind the patched handler, in FastAPI's test
 client."""
 
@@ -135,6 +136,29 @@ def test_schema_errors_name_the_parameter(client, route, payload, param, message
     readable(got_param, got)
 
 
+@pytest.mark.parametrize("route, field", [(CMPL, "logprobs"), (CMPL, "prompt_logprobs"),
+                                          (CHAT, "top_logprobs"), (CHAT, "prompt_logprobs")])
+def test_a_logprobs_field_that_is_no_number_names_it(client, route, field):
+    """On 0.24, whose `check_logprobs` compared the field as sent (a TypeError, a 400
+    naming nothing: `Release.logprobs_compared_raw`), the request subclass refuses it
+    first, a schema 400 naming it; from 0.27 upstream's own check names it (vLLM
+    #49144), a client error that the app's handlers answer 400 with that parameter."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.exceptions import VLLMValidationError
+
+    model = CompletionRequest if route == CMPL else ChatCompletionRequest
+    payload = body(route, **{field: "x"}, **({"logprobs": True}
+                                             if field == "top_logprobs" else {}))
+    if field in patching.upstream_release().logprobs_compared_raw.get(model.__name__, ()):
+        param, message = refuse(client, route, payload)
+        assert (param, message) == (field, f"{field} must be an integer, not 'x'.")
+    else:
+        with pytest.raises(VLLMValidationError) as caught:
+            model.model_validate(payload)
+        assert caught.value.parameter == field
+
+
 def test_describe_without_a_route():
     # a field whose nullability is unknown is not said to take null
     assert describe([{"type": "bool_type", "loc": ("body", "stream"), "msg": "x",
@@ -159,6 +183,21 @@ def test_a_refusal_raised_while_building_sampling_params_names_its_field():
     # a message naming no sampling parameter stays at sampling_params
     error["ctx"] = {"error": ValueError("something else")}
     assert describe([error])[0] == "sampling_params"
+
+
+def test_a_logit_bias_key_that_is_no_token_id_names_logit_bias():
+    """What the OpenAI requests' `to_sampling_params` meets: upstream names
+    `logit_bias` for a key `int()` does not take (vLLM #46612, 0.27.1 on); on 0.24,
+    whose bare `int()` raised a plain ValueError, the `logit_bias_keys` patch does."""
+    patching.apply_all()
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import SamplingParams
+
+    with pytest.raises(VLLMValidationError) as caught:
+        SamplingParams.from_optional(logit_bias={"abc": 1.0, "7": 2.0})
+    assert caught.value.parameter == "logit_bias" and "'abc'" in str(caught.value)
+    # keys int() takes are converted, biases clamped, as upstream does
+    assert SamplingParams.from_optional(logit_bias={"7": 200.0}).logit_bias == {7: 100.0}
 
 
 def test_a_refusal_is_one_log_line():
@@ -250,6 +289,35 @@ def test_a_shutdown_asked_for_logs_no_engine_dead_traceback(caplog):
     assert quiet.exc_info is None and quiet.levelname == "INFO"
     assert quiet.getMessage().startswith("[shutdown] AsyncLLM: output handler stopped")
     assert loud.exc_info is not None and loud.levelname == "ERROR"
+
+
+def test_the_http_server_leaves_sigterm_to_vllms_own_handlers():
+    """The `server_signals` patch (0.24): the uvicorn server `serve_http` builds
+    installs no SIGINT/SIGTERM handler of its own, so on SIGTERM vLLM's handlers
+    stop the engine client before the HTTP server stops (uvicorn's own closed the
+    port at once). Every other uvicorn name `serve_http` reads is uvicorn's."""
+    import importlib
+    import signal
+
+    import uvicorn
+
+    from vllm_sampling_mask.patches import REGISTRY
+
+    release, record = patching.upstream_release(), REGISTRY["server_signals"]
+    if not record.applies_to(release):
+        pytest.skip(f"a 0.24 patch (this is vLLM {release.version}): 0.27.1 registers "
+                    "its handlers after uvicorn's (vLLM #49668), 0.28 on builds a server "
+                    "that installs none (#50916)")
+    patching.apply_all()
+    launcher = importlib.import_module(record.targets_for(release)[0])
+    server = launcher.uvicorn.Server(uvicorn.Config(FastAPI()))
+    assert isinstance(server, uvicorn.Server) and launcher.uvicorn.Config is uvicorn.Config
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with server.capture_signals():
+        assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+    # stock uvicorn takes SIGTERM over inside the same block (what the patch prevents)
+    with uvicorn.Server(uvicorn.Config(FastAPI())).capture_signals():
+        assert signal.getsignal(signal.SIGTERM) != before[0]
 
 
 def test_misplaced_mask_fields_and_generate_sampling_fields_name_the_right_place():

@@ -54,15 +54,17 @@ def _changed(before: Release, after: Release) -> dict:
 def test_0_27_is_0_24_plus_what_it_changed():
     """vLLM 0.24.0 (verl 0.9.1's pin), the oldest: 0.27.1 moved the generate route
     from `serve.disagg` to `scale_out.token_in_token_out` and added
-    `VLLMClientError` (`SamplingParams` refuses with it, not a plain ValueError), and
-    its CPU fused-MoE path runs; the rest (no upstream mask, both `n > 1` bugs, the app, the
+    `VLLMClientError` (`SamplingParams` refuses with it, not a plain ValueError), its
+    OpenAI requests type-check their logprobs fields, `/v1/completions` takes
+    `bad_words`, and its CPU fused-MoE path runs; the rest (no upstream mask, both `n > 1` bugs, the app, the
     schema-error handler, Python 3.10) is as 0.24 has it."""
     v24, v27 = RELEASES[0], RELEASES[1]
     assert v24.version == "0.24.0" and v27.version == "0.27.1"
     tito = "vllm.entrypoints.scale_out.token_in_token_out"
     assert _changed(v24, v27) == {
         "client_error": "VLLMClientError", "triton": "3.9", "cpu_extra": True,
-        "plain_sampling_refusals": False, "cpu_moe_runs": True,
+        "plain_sampling_refusals": False, "cpu_moe_runs": True, "logprobs_compared_raw": {},
+        "completion_bad_words": True,
         "generate_protocol": f"{tito}.protocol", "generate_serving": f"{tito}.serving",
         "generate_router": f"{tito}.api_router"}
     for role in ("generate_protocol", "generate_serving", "generate_router"):
@@ -211,6 +213,45 @@ def test_plain_sampling_refusals_is_what_the_release_raises(release):
         SamplingParams(top_k=-2)
     assert (type(caught.value) is ValueError) == release.plain_sampling_refusals
     assert str(caught.value).startswith("top_k must")
+
+
+def test_logprobs_compared_raw_is_what_the_releases_requests_do(release):
+    """`release.logprobs_compared_raw`: the OpenAI request classes whose
+    `check_logprobs` before-validator compares these fields as sent (a string there
+    raises a TypeError: 0.24), where the others refuse it naming the field (vLLM
+    #49144, 0.27 on)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.exceptions import VLLMValidationError
+
+    compared = {CompletionRequest: ("prompt_logprobs", "logprobs"),
+                ChatCompletionRequest: ("prompt_logprobs", "top_logprobs")}
+    assert set(release.logprobs_compared_raw) <= {c.__name__ for c in compared}
+    for cls, fields in compared.items():
+        raw = release.logprobs_compared_raw.get(cls.__name__, ())
+        for field in fields:
+            try:
+                cls.check_logprobs({field: "x"})
+            except TypeError:
+                assert field in raw, (cls.__name__, field)
+            except VLLMValidationError as exc:
+                assert field not in raw and exc.parameter == field, (cls.__name__, field)
+            else:
+                pytest.fail(f"{cls.__name__}.check_logprobs took {field}='x'")
+
+
+def test_completion_bad_words_is_what_the_completions_request_declares(release):
+    """`release.completion_bad_words`: `/v1/completions`' request declares `bad_words`
+    and hands it to its sampling parameters (vLLM #46793; not in 0.24, whose chat
+    request has it)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    assert ("bad_words" in CompletionRequest.model_fields) == release.completion_bad_words
+    assert "bad_words" in ChatCompletionRequest.model_fields
+    request = CompletionRequest(model="m", prompt="x", bad_words=["foo"])
+    assert (request.to_sampling_params(4, {}).bad_words == ["foo"]) \
+        == release.completion_bad_words
 
 
 def test_cpu_moe_runs_is_what_the_release_does(release):

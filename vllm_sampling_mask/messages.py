@@ -336,6 +336,27 @@ class MisplacedFieldError(ValueError):
         self.parameter = parameter
 
 
+class FieldValueError(ValueError):
+    """A body field's value that the route's own before-validators would fail on
+    without naming it: `parameter` is the field (a 400 naming it, through the
+    `validation_messages` handler)."""
+
+    def __init__(self, parameter: str, message: str) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+
+
+def refuse_non_numbers(data, fields: Collection[str]):
+    """A request model's before-validator: each of `fields` present in the body
+    `data` (a dict) must be a number (JSON int or float; null is left alone), else
+    `FieldValueError` naming it. Returns `data` unchanged."""
+    for field in fields:
+        value = data.get(field)
+        if value is not None and not isinstance(value, (int, float)):
+            raise FieldValueError(field, f"{field} must be an integer, not {show(value)}.")
+    return data
+
+
 def _near_mask_field(key: str) -> str | None:
     """The mask field `key` misspells (case, `-`, a letter or two), or None."""
     plain = key.lower().replace("-", "_")

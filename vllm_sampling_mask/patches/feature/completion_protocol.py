@@ -15,6 +15,10 @@ What: in `vllm/entrypoints/openai/completion/protocol.py`, replaces
     `_http.declare_openai_fields`. The names are replaced as the module finishes
     executing, so the route (`api_router`) parses the subclass and the serving
     module builds the subclasses. The `openai_completions` patch fills the fields.
+    On 0.24, whose `check_logprobs` compares `logprobs` or `prompt_logprobs` as sent
+    (`Release.logprobs_compared_raw`), the subclass first refuses a value there
+    that is no number, naming the field (upstream's comparison raised a
+    TypeError, a 400 naming none; vLLM #49144 checks them itself from 0.27).
 Why: the per-request choice must reach the engine from the OpenAI client
     (`extra_body={"return_sampling_mask": ...}`), and the mask must reach it back.
 Remove when: upstream declares these fields (vLLM #49577, in 0.28, declares the
@@ -29,4 +33,4 @@ from vllm_sampling_mask.releases import Release
 
 def apply(module, release: Release) -> None:
     declare_openai_fields(module, "CompletionRequest", "CompletionResponseChoice",
-                          "CompletionResponse")
+                          "CompletionResponse", release)
