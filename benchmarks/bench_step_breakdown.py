@@ -21,6 +21,10 @@ worker and output processor in one interpreter), on the same seeded workload as
     python benchmarks/bench_step_breakdown.py
     python benchmarks/bench_step_breakdown.py --model vocab151936 --batch 64
     python benchmarks/bench_step_breakdown.py --functions 15    # and the costliest functions
+    python benchmarks/bench_step_breakdown.py --support-logprobs --functions 15
+
+`--support-logprobs` compares mask only (the first arm) with every request asking for
+support logprobs (`return_sampling_mask_logprobs`, the second arm) instead.
 
 The response side (the API server's JSON or packed encoding of masks) is measured by
 `bench_wire.py`.
@@ -99,7 +103,9 @@ def wire_cost(captured: list, loops: int = 20) -> dict[str, float]:
     return {"bytes": size, "encode_s": enc, "decode_s": dec}
 
 
-def worker(model: str, mask_on: bool, batch: int, max_tokens: int, repeats: int) -> None:
+def worker(model: str, arm: int, batch: int, max_tokens: int, repeats: int) -> None:
+    """`arm`: 0 mask off, 1 mask on, 2 mask on with support logprobs."""
+    mask_on = arm > 0
     from vllm import LLM, SamplingParams
 
     kwargs = dict(model=model, dtype="float32", max_model_len=512, enforce_eager=True,
@@ -122,8 +128,9 @@ def worker(model: str, mask_on: bool, batch: int, max_tokens: int, repeats: int)
     scheduler.update_from_output = update_from_output
     prompts = [{"prompt_token_ids": [(7 * i + j) % 4000 + 10 for j in range(16)]}
                for i in range(batch)]
+    extra = {"return_sampling_mask_logprobs": True} if arm == 2 else None
     params = [SamplingParams(temperature=1.0, top_k=50, top_p=0.95, max_tokens=max_tokens,
-                             ignore_eos=True, seed=i, detokenize=False)
+                             ignore_eos=True, seed=i, detokenize=False, extra_args=extra)
               for i in range(batch)]
     llm.generate(prompts, params, use_tqdm=False)     # warm-up
     per_step = []
@@ -132,6 +139,7 @@ def worker(model: str, mask_on: bool, batch: int, max_tokens: int, repeats: int)
         outs = llm.generate(prompts, params, use_tqdm=False)
         per_step.append((time.perf_counter() - t0) / (steps[0] - before))
     assert (outs[0].outputs[0].sampling_mask is not None) == mask_on
+    assert (mask_on and outs[0].outputs[0].sampling_mask.logprobs is not None) == (arm == 2)
     profiler = cProfile.Profile()
     before = steps[0]
     profiler.enable()
@@ -156,27 +164,27 @@ def main() -> None:
     ap.add_argument("--functions", type=int, default=0, metavar="N",
                     help="also list the N overlay functions that cost the most per step "
                          "with the mask on")
+    ap.add_argument("--support-logprobs", action="store_true",
+                    help="compare mask only with mask and support logprobs")
     ap.add_argument("--worker", nargs=2, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(args.worker[0], args.worker[1] == "1", args.batch, args.max_tokens,
+        worker(args.worker[0], int(args.worker[1]), args.batch, args.max_tokens,
                args.repeats)
         return
     path = model_path(args.model)
     env = {k: v for k, v in os.environ.items()
            if k not in ("TRITON_INTERPRET", "VLLM_USE_V2_MODEL_RUNNER")}
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    res = {}
-    for mask_on in (False, True):
-        cmd = [sys.executable, __file__, "--worker", path, str(int(mask_on)), "--batch",
-               str(args.batch), "--max-tokens", str(args.max_tokens), "--repeats",
-               str(args.repeats)]
-        res[mask_on] = run_worker(cmd, env)
-    off, on = res[False], res[True]
+    arms, labels = ((1, 2), ("mask", "+logp")) if args.support_logprobs else ((0, 1),
+                                                                           ("off", "on"))
+    off, on = (run_worker([sys.executable, __file__, "--worker", path, str(arm), "--batch",
+                           str(args.batch), "--max-tokens", str(args.max_tokens),
+                           "--repeats", str(args.repeats)], env) for arm in arms)
     us = 1e6
     print(f"V1 runner, engine in one process; {args.model}, batch {args.batch}, "
           f"{args.max_tokens} tokens, top_k 50, top_p 0.95; per engine step:")
-    print(f"{'':44} {'off':>9} {'on':>9} {'on-off':>9}")
+    print(f"{'':44} {labels[0]:>9} {labels[1]:>9} {'diff':>9}")
     print(f"{'end to end (best of repeats), us':44} {off['step_s'] * us:9.0f} "
           f"{on['step_s'] * us:9.0f} {(on['step_s'] - off['step_s']) * us:9.0f}")
     for key, name in (("bytes", "engine core -> client hop, bytes"),
@@ -196,7 +204,7 @@ def main() -> None:
     total_b = sum(on["overlay_s"].values()) * us
     print(f"  {'all overlay code':42} {total_a:9.0f} {total_b:9.0f} {total_b - total_a:9.0f}")
     if args.functions:
-        print(f"the {args.functions} costliest overlay functions with the mask on, us per step:")
+        print(f"the {args.functions} costliest overlay functions ({labels[1]}), us per step:")
         ranked = sorted(on["functions_s"].items(), key=lambda kv: -kv[1])
         for key, seconds in ranked[: args.functions]:
             print(f"  {key:62} {seconds * us:9.0f}")
