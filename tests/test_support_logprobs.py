@@ -140,3 +140,44 @@ def test_nan_logits_end_only_their_row_and_asking_is_not_read_from_the_values():
     # the scheduler's vectorised check flags the NaN row, and only it
     tokens = [int(host.row(i)[0]) for i in range(3)]
     assert host.suspects(np.arange(3), np.array(tokens)).tolist() == [True, False, False]
+
+
+@pytest.mark.parametrize("subset", [False, True])
+def test_the_host_path_gives_what_the_torch_path_gives(subset):
+    """On a CPU host the sampler's float32 logprobs are read with numpy
+    (`_gather_on_host`, `scaled_top_logprob`'s host branch); the same inputs with
+    rows that are not contiguous take the torch path. Both give the same values,
+    log S and wide-row tails, and the same scaled top logprobs."""
+    from vllm_sampling_mask.support_logprobs import scaled_top_logprob
+
+    rows, vocab = 11, 3000
+    _, scaled, keep, processed, top_k = make_batch(rows, vocab, 2, torch.float32, ties=True)
+    scaled, processed = scaled.float(), processed.float()
+    settings = ExtractionSettings(tie_margin=4)
+    mask_rows = np.array([0, 2, 3, 5, 7, 8, 10]) if subset else None
+    picked = np.arange(rows) if mask_rows is None else mask_rows
+    layout = plan_layout(top_k[picked], vocab, max_size=4096, settings=settings)
+    mask = extract_support(processed, layout, mask_rows, settings=settings)
+    asked = np.ones(layout.rows, bool)
+    asked[1] = False
+
+    def strided(x):   # the same values, each row's entries not contiguous
+        return x.t().contiguous().t()
+
+    asked_rows = picked[np.flatnonzero(asked)]
+    top_host = scaled_top_logprob(scaled, asked_rows)
+    top_torch = scaled_top_logprob(strided(scaled), asked_rows)
+    torch.testing.assert_close(top_host, top_torch, rtol=0, atol=2e-6)
+    host = gather_support_logprobs(processed, None, mask, asked, scaled_top=top_host)
+    other = gather_support_logprobs(strided(processed), None, mask, asked,
+                                    scaled_top=top_host)
+    assert list(host.rows) == list(other.rows)
+    torch.testing.assert_close(host.values, other.values, equal_nan=True, rtol=0, atol=0)
+    torch.testing.assert_close(host.log_kept, other.log_kept, rtol=0, atol=2e-6)
+    assert host.tail.shape == other.tail.shape and host.tail.shape[0] > 0
+    torch.testing.assert_close(host.tail, other.tail, rtol=0, atol=0)
+    for a, block_row in enumerate(host.rows):   # and log S is the reference's
+        batch_row = int(picked[block_row])
+        log_s = torch.logsumexp(torch.log_softmax(scaled[batch_row].double(), -1)
+                                [keep[batch_row]], 0)
+        assert abs(float(host.log_kept[a]) - float(log_s)) < 5e-5

@@ -64,12 +64,34 @@ def _source_rows(mask: DeviceMask, block_rows: np.ndarray) -> np.ndarray:
     return np.asarray(mask.rows, np.int64)[block_rows]
 
 
+def _host_view(x: torch.Tensor) -> np.ndarray | None:
+    """The numpy view of a CPU float32 tensor with contiguous rows (what a CPU
+    host's V1 sampler hands over), None for anything else: the host path then
+    reads the tensor's own memory with a few numpy calls instead of a dozen small
+    torch operations, each with its own dispatch cost."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.requires_grad \
+            or x.dim() != 2 or x.stride(1) != 1:
+        return None
+    return x.numpy()
+
+
 def scaled_top_logprob(scaled_logits: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
     """For the sampler's batch rows `rows` (host ints), the log of the largest
     probability of the temperature-scaled distribution, `-logsumexp(x - max x)`,
     float32 in a [B] tensor (0 in the other rows). What the samplers capture where
     the scaled logits exist (before min-p/top-k/top-p edit them in place): with
-    it, log S needs no copy of the scaled logits (see `gather_support_logprobs`)."""
+    it, log S needs no copy of the scaled logits (see `gather_support_logprobs`).
+    On a CPU host the same, in numpy over the logits' memory."""
+    host = _host_view(scaled_logits)
+    if host is not None:
+        out = np.zeros(scaled_logits.shape[0], dtype=np.float32)
+        if len(rows):
+            rows = np.asarray(rows, np.int64)
+            picked = host[rows]
+            shifted = picked - picked.max(axis=1, keepdims=True)
+            np.exp(shifted, out=shifted)
+            out[rows] = -np.log(shifted.sum(axis=1, dtype=np.float32))
+        return torch.from_numpy(out)
     out = torch.zeros(scaled_logits.shape[0], dtype=torch.float32,
                       device=scaled_logits.device)
     if len(rows):
@@ -118,6 +140,9 @@ def gather_support_logprobs(processed_logprobs: torch.Tensor,
                                                         device=device),
                                      torch.empty(0, vocab, dtype=torch.float32,
                                                  device=device), block_rows)
+    host = None if (normalise or scaled_logits is not None) else _host_view(processed_logprobs)
+    if host is not None:
+        return _gather_on_host(host, mask, block_rows, scaled_top)
     meta, ids, _ = layout.views(mask.block)
     pick = host_index(block_rows, device)
     source = host_index(_source_rows(mask, block_rows), device)
@@ -165,6 +190,35 @@ def gather_support_logprobs(processed_logprobs: torch.Tensor,
     else:
         tail = torch.empty(0, vocab, dtype=torch.float32, device=device)
     return DeviceSupportLogprobs(values, log_kept, tail, block_rows)
+
+
+def _gather_on_host(processed: np.ndarray, mask: DeviceMask, block_rows: np.ndarray,
+                    scaled_top: torch.Tensor) -> DeviceSupportLogprobs:
+    """`gather_support_logprobs` of processed *logprobs* on a CPU host, in numpy over
+    the tensors' own memory: the same values, log S and tail. The largest
+    processed logprob of a row is its log p_max (the row is normalised), one pass
+    of `max` over the asked rows instead of a `logsumexp`."""
+    layout = mask.layout
+    meta, ids, _ = layout.views(mask.block.numpy())
+    source = _source_rows(mask, block_rows)
+    rows = processed[source]                                          # [A, V]
+    row_ids = ids[block_rows]                                         # [A, W]
+    valid = row_ids >= 0
+    values = np.take_along_axis(rows, np.where(valid, row_ids, 0), axis=1)
+    values[~valid] = np.nan
+    log_kept = np.minimum(scaled_top.numpy()[source] - rows.max(axis=1), 0.0)
+    if layout.slots:
+        # each slot has at most one owner; a slot nobody asked for holds another
+        # row's values, never read (only asked wide rows are aligned)
+        slot = meta[block_rows, 1]
+        owner = np.zeros(layout.slots + 1, dtype=np.int64)
+        owner[np.where(slot >= 0, slot, layout.slots)] = np.arange(len(block_rows))
+        tail = rows[owner[: layout.slots]]
+    else:
+        tail = np.empty((0, layout.vocab_size), dtype=np.float32)
+    return DeviceSupportLogprobs(torch.from_numpy(np.ascontiguousarray(values, np.float32)),
+                                 torch.from_numpy(log_kept.astype(np.float32, copy=False)),
+                                 torch.from_numpy(tail), block_rows)
 
 
 def align_row(values: np.ndarray, tail: np.ndarray, count: int, slot: int,
