@@ -63,6 +63,7 @@ def test_0_27_is_0_24_plus_what_it_changed():
     tito = "vllm.entrypoints.scale_out.token_in_token_out"
     assert _changed(v24, v27) == {
         "client_error": "VLLMClientError", "triton": "3.9", "cpu_extra": True,
+        "v1_cpu_speculation": True,
         "plain_sampling_refusals": False, "cpu_moe_runs": True, "logprobs_compared_raw": {},
         "completion_bad_words": True,
         "generate_protocol": f"{tito}.protocol", "generate_serving": f"{tito}.serving",
@@ -269,6 +270,17 @@ def test_cpu_moe_runs_is_what_the_release_does(release):
         assert not release.cpu_moe_runs and "Current vLLM config is not set" in str(exc)
     else:
         assert release.cpu_moe_runs
+
+
+def test_v1_cpu_speculation_is_what_the_release_can_run(release):
+    """`release.v1_cpu_speculation`: the CPU override of the rejection sampler's
+    recovered-token kernel takes the `USE_FP64_GUMBEL` its rejection sampler
+    passes (0.27 on); 0.24's does not, and the engine dies building."""
+    import inspect
+
+    cpu_triton_utils = pytest.importorskip("vllm.utils.cpu_triton_utils")
+    params = inspect.signature(cpu_triton_utils._sample_recovered_tokens_kernel_impl).parameters
+    assert ("USE_FP64_GUMBEL" in params) == release.v1_cpu_speculation
 
 
 @pytest.mark.parametrize("method", ["draft_model", "ngram"])

@@ -38,6 +38,9 @@ K = 3   # draft positions per verify step
 METHODS = ["draft_model", "ngram"]
 RUNNERS = ["v1", "mrv2"]   # V1 natively; Model Runner V2 through Triton's interpreter
 MASK_OFF = {"return_sampling_mask": False}
+V1_CANNOT = (f"vLLM {upstream_release().version}'s V1 runner cannot run speculative decoding "
+             "on a CPU host: \"_sample_recovered_tokens_kernel_impl() got an unexpected keyword "
+             "argument 'USE_FP64_GUMBEL'\" (stock vLLM too; Release.v1_cpu_speculation)")
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +54,8 @@ def draft(tmp_path_factory) -> str:
 def llm(request, draft):
     runner, method = request.param
     release = upstream_release()
+    if runner == "v1" and not release.v1_cpu_speculation:
+        pytest.skip(V1_CANNOT)
     if runner == "mrv2" and method not in release.mrv2_speculators:
         pytest.skip(f"vLLM {release.version}'s Model Runner V2 does not run the "
                     f"speculative method {method!r} (upstream refuses it: \"Model Runner V2 "
@@ -169,6 +174,8 @@ def test_min_p_and_logit_bias_never_reach_a_verify_step(llm):
 
 @pytest.fixture(scope="module")
 def spec_server(tmp_path_factory):
+    if not upstream_release().v1_cpu_speculation:
+        pytest.skip(V1_CANNOT)
     from conftest import free_port
 
     from vllm_sampling_mask.demo import serving

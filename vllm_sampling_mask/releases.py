@@ -106,6 +106,11 @@ class Release:
     # does not yet support: ngram/ngram_gpu speculative decoding", "... speculative
     # method 'draft_model'"); 0.31 adds draft_model, 0.32 ngram
     mrv2_speculators: tuple[str, ...] = ()
+    # the V1 runner runs speculative decoding on a CPU host. 0.24's CPU override of
+    # the recovered-token kernel takes no `USE_FP64_GUMBEL`, which its rejection
+    # sampler passes: the engine dies building ("_sample_recovered_tokens_kernel_impl()
+    # got an unexpected keyword argument 'USE_FP64_GUMBEL'"), stock 0.24.0 too
+    v1_cpu_speculation: bool = True
 
     def module(self, role: str) -> str:
         return self.modules[role]
@@ -157,6 +162,7 @@ V0_24 = Release(
     cpu_moe_runs=False,
     cpu_extra=False,
     triton="3.6",
+    v1_cpu_speculation=False,
 )
 
 # the generate route moved to `scale_out.token_in_token_out` (same classes, path and
@@ -175,6 +181,7 @@ V0_27 = _after(
     cpu_moe_runs=True,
     cpu_extra=True,
     triton="3.9",
+    v1_cpu_speculation=True,
 )
 
 # vLLM #49577: a sampling mask of its own (Model Runner V2 only); the schema-error

@@ -218,10 +218,16 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _f(TKTP, "apply_top_k_top_p_pytorch", "logits", "k", "p", "allow_cpu_sync"),
     ),
     "interpreter_masks": (
+        # Triton 3.6 (0.24's torch), then 3.9 (`Release.triton`)
         _f("triton.runtime.interpreter", "InterpreterBuilder.create_masked_load", "self",
-           "ptrs", "mask", "other", "cache_policy", "is_volatile"),
+           "ptrs", "mask", "other", "cache_modifier", "eviction_policy", "is_volatile",
+           until="0.27.1"),
         _f("triton.runtime.interpreter", "InterpreterBuilder.create_masked_store", "self",
-           "ptrs", "value", "mask", "cache_policy"),
+           "ptrs", "value", "mask", "cache_modifier", "eviction_policy", until="0.27.1"),
+        _f("triton.runtime.interpreter", "InterpreterBuilder.create_masked_load", "self",
+           "ptrs", "mask", "other", "cache_policy", "is_volatile", since="0.27.1"),
+        _f("triton.runtime.interpreter", "InterpreterBuilder.create_masked_store", "self",
+           "ptrs", "value", "mask", "cache_policy", since="0.27.1"),
         _n("triton.runtime.interpreter", "TensorHandle"),
     ),
     "interpreter_dummy_run": (
