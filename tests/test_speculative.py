@@ -48,9 +48,10 @@ def draft(tmp_path_factory) -> str:
     return perturbed_draft(str(tmp_path_factory.mktemp("draft") / "model"))
 
 
-@pytest.fixture(scope="module", params=[(runner, method) for runner in RUNNERS
-                                        for method in METHODS],
-                ids=lambda p: "-".join(p))
+@pytest.fixture(scope="module", params=[
+    pytest.param((runner, method), id=f"{runner}-{method}",
+                 marks=pytest.mark.mrv2 if runner == "mrv2" else ())
+    for runner in RUNNERS for method in METHODS])
 def llm(request, draft):
     runner, method = request.param
     release = upstream_release()
