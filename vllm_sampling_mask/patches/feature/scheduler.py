@@ -127,10 +127,14 @@ def _attach(outs: list, masks, index: dict, logger) -> list:
     fits = lengths <= room
     # one (batch row, token) per kept token of the outputs whose tokens fit their rows
     n = np.where(fits, lengths, 0)
-    rows = (np.repeat(first[wanted] - np.cumsum(n) + n, n)
-            + np.arange(int(n.sum()), dtype=np.int64))
-    tokens = np.fromiter((t for ids, f in zip(kept, fits) if f for t in ids), np.int64,
-                         int(n.sum()))
+    if (n == 1).all():    # one token each (every step without speculative decoding)
+        rows = first[wanted]
+        tokens = np.fromiter((ids[0] for ids in kept), np.int64, len(kept))
+    else:
+        rows = (np.repeat(first[wanted] - np.cumsum(n) + n, n)
+                + np.arange(int(n.sum()), dtype=np.int64))
+        tokens = np.fromiter((t for ids, f in zip(kept, fits) if f for t in ids), np.int64,
+                             int(n.sum()))
     bad = masks.suspects(rows, tokens)
     suspect = np.zeros(len(kept), dtype=bool)
     if bad.any():
