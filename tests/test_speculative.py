@@ -38,6 +38,7 @@ K = 3   # draft positions per verify step
 METHODS = ["draft_model", "ngram"]
 RUNNERS = ["v1", "mrv2"]   # V1 natively; Model Runner V2 through Triton's interpreter
 MASK_OFF = {"return_sampling_mask": False}
+MAX_SIZE = 128   # --max-sampling-mask-size, so that a wide support can trip it
 V1_CANNOT = (f"vLLM {upstream_release().version}'s V1 runner cannot run speculative decoding "
              "on a CPU host: \"_sample_recovered_tokens_kernel_impl() got an unexpected keyword "
              "argument 'USE_FP64_GUMBEL'\" (stock vLLM too; Release.v1_cpu_speculation)")
@@ -69,7 +70,7 @@ def llm(request, draft):
     with native_v1() if runner == "v1" else contextlib.nullcontext():
         engine = LLM(**dict(ENGINE_KWARGS, max_model_len=256, max_num_seqs=8,
                             max_logprobs=8, disable_log_stats=False,
-                            speculative_config=spec))
+                            max_sampling_mask_size=MAX_SIZE, speculative_config=spec))
     engine.runner, engine.method = runner, method
     yield engine
     del engine
@@ -153,6 +154,28 @@ def test_n_children_and_stops_keep_one_mask_per_token(llm, tokenizer):
     for out in outs:
         for completion in out.outputs:
             check_alignment(completion, vocab)
+
+
+def test_a_support_past_the_size_limit_ends_only_its_request(llm):
+    """A verify step whose position is wider than --max-sampling-mask-size: the
+    request that asked for its mask ends with the size error, carrying the masks
+    of the tokens before that step (none of the step's); a request that left the
+    switch null runs to its end and says why it has no mask; the request beside
+    them keeps its masks."""
+    wide = dict(temperature=1.0, top_p=0.999, max_tokens=16, ignore_eos=True, seed=70)
+    asked, unasked, fine = (o.outputs[0] for o in llm.generate(PROMPTS[:3], [
+        SamplingParams(**wide, extra_args={"return_sampling_mask": True}),
+        SamplingParams(**wide),
+        SamplingParams(temperature=0.8, top_k=20, max_tokens=16, ignore_eos=True, seed=71)],
+        use_tqdm=False))
+    assert asked.finish_reason == "error"
+    assert f"--max-sampling-mask-size {MAX_SIZE}" in asked.sampling_mask_error
+    assert len(asked.sampling_mask) == len(asked.token_ids) < 16
+    assert unasked.finish_reason == "length" and len(unasked.token_ids) == 16
+    assert unasked.sampling_mask is None
+    assert f"--max-sampling-mask-size {MAX_SIZE}" in unasked.sampling_mask_reason
+    check_alignment(fine, 4096)
+    assert len(fine.token_ids) == 16
 
 
 def test_min_p_and_logit_bias_never_reach_a_verify_step(llm):
