@@ -8,7 +8,8 @@ Plain modules (numpy, torch; no vLLM import), in the style of Model Runner V2's 
   request want a mask, did it ask for support logprobs;
 - `plan.StepPlan`: one sampler call's plan, decided on the host before the call
   (rows to extract, rows that asked, the top-k bound, rows whose sample is
-  discarded, the profiling run);
+  discarded, the profiling run); a verify step's (speculative decoding) has one
+  row per position (`plan.per_token`), and its parts their own (`plan.part`);
 - `capture.ScaledCapture`: the scaled distribution's top logprob of the rows that
   asked, handed explicitly to the call that holds the scaled logits;
 - `step.MaskStep`: one sampler call's mask in one line, plan -> extraction ->

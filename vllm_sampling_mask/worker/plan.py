@@ -1,4 +1,8 @@
-"""`StepPlan`: what one sampler call extracts, decided on the host before it runs."""
+"""`StepPlan`: what one sampler call extracts, decided on the host before it runs.
+
+A runner adapter plans per request (`plan`); a rejection sampler's adapter turns
+that into one row per position of its verify step (`per_token`), and hands the
+part of its batch it samples separately its own plan (`part`)."""
 
 from __future__ import annotations
 
