@@ -106,10 +106,13 @@ class Release:
     # does not yet support: ngram/ngram_gpu speculative decoding", "... speculative
     # method 'draft_model'"); 0.31 adds draft_model, 0.32 ngram
     mrv2_speculators: tuple[str, ...] = ()
-    # the V1 runner runs speculative decoding on a CPU host. 0.24's CPU override of
-    # the recovered-token kernel takes no `USE_FP64_GUMBEL`, which its rejection
-    # sampler passes: the engine dies building ("_sample_recovered_tokens_kernel_impl()
-    # got an unexpected keyword argument 'USE_FP64_GUMBEL'"), stock 0.24.0 too
+    # the V1 runner runs speculative decoding on a CPU host (stock vLLM as much as
+    # the overlay). Not on 0.24: its CPU override of the recovered-token kernel takes
+    # no `USE_FP64_GUMBEL`, which its rejection sampler passes
+    # ("_sample_recovered_tokens_kernel_impl() got an unexpected keyword argument
+    # 'USE_FP64_GUMBEL'"); not on 0.30: its rejection sampler launches its kernels
+    # through the warm-up dispatcher, and the CPU platform overrides none of them
+    # until 0.31 ("Cannot inspect kernel parameters for function")
     v1_cpu_speculation: bool = True
 
     def module(self, role: str) -> str:
@@ -204,11 +207,13 @@ V0_29 = _after(
 )
 
 # the generate route is served only with --enable-scale-out
-V0_30 = _after(V0_29, "0.30.0", generate_route_option=("--enable-scale-out",))
+V0_30 = _after(V0_29, "0.30.0", generate_route_option=("--enable-scale-out",),
+               v1_cpu_speculation=False)
 
 # what changed is in seam entries (signatures: `since="0.31.0"`), and Model Runner
 # V2 speculates with a draft model
-V0_31 = _after(V0_30, "0.31.0", mrv2_speculators=("draft_model",))
+V0_31 = _after(V0_30, "0.31.0", mrv2_speculators=("draft_model",),
+               v1_cpu_speculation=True)
 
 # the generate route: one response and choice class per output mode, streamed or
 # not; its stream counters sized by n; Python 3.11
