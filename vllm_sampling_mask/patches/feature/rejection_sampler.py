@@ -30,14 +30,12 @@ Remove when: upstream's rejection-sampler mask (vLLM #54166, 0.32) takes
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import numpy as np
 import torch
 
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.patches._wrap import argument, wraps
-from vllm_sampling_mask.patches.feature.sampler import discarded_rows
+from vllm_sampling_mask.patches.feature.sampler import discarded_rows, scaled_into
 from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.worker.capture import merged, part_capture, shadowing
 
@@ -48,7 +46,7 @@ def apply(module, release: Release) -> None:
     @wraps(module, "RejectionSampler.__call__")
     def __call__(wrapped, self, args, kwargs):
         sampler = self.sampler
-        state = getattr(sampler, "sampling_mask", None)
+        state = sampler.sampling_mask   # declared on Sampler by the `sampler` patch
         step = None if state is None else state.open
         if step is None:
             return wrapped(*args, **kwargs)
@@ -69,16 +67,7 @@ def apply(module, release: Release) -> None:
             first = sum(c.shape[0] for c in chunks)
             rows = np.arange(first, first + chunk_logits.shape[0])
             capture = part_capture(step.capture, rows)
-            scaling = nullcontext()
-            if capture is not None:
-                min_p = states.apply_min_p
-
-                def record_then_min_p(scaled_logits, *a, **k):
-                    capture.record(scaled_logits)
-                    return min_p(scaled_logits, *a, **k)
-
-                scaling = shadowing(states, "apply_min_p", record_then_min_p)
-            with scaling:
+            with scaled_into(capture, states):
                 processed = process(chunk_logits, *rest, **named)
             if capture is not None and not capture.recorded:
                 capture.record(processed)   # no logits processing: nothing was scaled

@@ -50,7 +50,7 @@ HOP = "V1 RejectionSampler.forward"
 def apply(module, release: Release) -> None:
     @wraps(module, "RejectionSampler.forward")
     def forward(wrapped, self, args, kwargs):
-        state = getattr(self.sampler, "sampling_mask", None)
+        state = self.sampler.sampling_mask   # declared on Sampler by `sampler_v1`
         step = None if state is None else state.open
         if step is None:
             return wrapped(*args, **kwargs)

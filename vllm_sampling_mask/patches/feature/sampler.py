@@ -78,23 +78,30 @@ def apply(module, release: Release) -> None:
         slots = argument(wrapped, args, kwargs, "idx_mapping_np")
         step.planned(HOP, len(slots), normalise=True)
         capture = step.capture
-        if capture is None:
-            scaling = nullcontext()
-        else:   # hand the capture to the call that holds the scaled logits
-            states = self.sampling_states
-            min_p = states.apply_min_p
-
-            def record_then_min_p(logits, *a, **k):
-                capture.record(logits)
-                return min_p(logits, *a, **k)
-
-            scaling = shadowing(states, "apply_min_p", record_then_min_p)
-        with scaling:
+        with scaled_into(capture, self.sampling_states):
             sampled, processed_logits = wrapped(*args, **kwargs)
         if capture is not None and not capture.recorded:
             capture.record(processed_logits)   # no logits processing: nothing was scaled
         step.extract(HOP, processed_logits)
         return sampled, processed_logits
+
+
+def scaled_into(capture, sampling_states):
+    """Inside: `capture` (None: nothing to do) records the temperature-scaled
+    logits where the sampler's processing holds them: the input of
+    `sampling_states.apply_min_p`, which `Sampler.apply_sampling_params` calls
+    right after the temperature (shadowed on that instance for the duration).
+    A call that processes nothing never calls it: the caller then records the
+    processed logits, which are the scaled ones."""
+    if capture is None:
+        return nullcontext()
+    min_p = sampling_states.apply_min_p
+
+    def record_then_min_p(logits, *a, **k):
+        capture.record(logits)
+        return min_p(logits, *a, **k)
+
+    return shadowing(sampling_states, "apply_min_p", record_then_min_p)
 
 
 def discarded_rows(sampler, input_batch) -> np.ndarray:
