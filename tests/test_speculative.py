@@ -13,20 +13,27 @@ What a mask must be there: each emitted token (accepted draft, recovered, bonus)
 gets the support of the processed target distribution at its position, checked
 against an independent transformers forward pass over its prefix, whatever kind
 of token it is; rejected drafts contribute nothing; masks on or off change no
-token, logprob or acceptance. Over HTTP (`vllm serve` with n-gram speculation), a
-streamed chunk carries the masks of every token a verify step emitted.
+token, logprob or acceptance; a request preempted between verify steps (the KV
+cache is kept small) is recomputed with the same tokens and masks. Over HTTP
+(`vllm serve` with n-gram speculation, vLLM's RL routes on), a streamed chunk
+carries the masks of every token a verify step emitted, a keep-mode pause
+between verify steps changes nothing, and a request aborted by the engine or
+dropped by its client ends with the masks it got and leaves no state behind.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import time
+import types
 
 import numpy as np
 import pytest
 import requests
 from conftest import (ENGINE_KWARGS, PROMPTS, assert_supports_match_reference,
                       check_alignment, native_v1)
+from test_rl_loop import TOKENS, Stream, body, no_state_left, post
 from test_support_logprobs_engine import check_exact
 from vllm import LLM, SamplingParams
 
@@ -39,6 +46,7 @@ METHODS = ["draft_model", "ngram"]
 RUNNERS = ["v1", "mrv2"]   # V1 natively; Model Runner V2 through Triton's interpreter
 MASK_OFF = {"return_sampling_mask": False}
 MAX_SIZE = 128   # --max-sampling-mask-size, so that a wide support can trip it
+KV_BLOCKS = 9    # of 32 tokens: one max_model_len and the null block, so six requests preempt
 V1_CANNOT = (f"vLLM {upstream_release().version}'s V1 runner cannot run speculative decoding "
              "on a CPU host, stock vLLM too (Release.v1_cpu_speculation: on 0.24 "
              "\"_sample_recovered_tokens_kernel_impl() got an unexpected keyword argument "
@@ -71,7 +79,8 @@ def llm(request, draft):
     with native_v1() if runner == "v1" else contextlib.nullcontext():
         engine = LLM(**dict(ENGINE_KWARGS, max_model_len=256, max_num_seqs=8,
                             max_logprobs=8, disable_log_stats=False,
-                            max_sampling_mask_size=MAX_SIZE, speculative_config=spec))
+                            max_sampling_mask_size=MAX_SIZE, speculative_config=spec,
+                            num_gpu_blocks_override=KV_BLOCKS, block_size=32))
     engine.runner, engine.method = runner, method
     yield engine
     del engine
@@ -116,6 +125,27 @@ def test_every_emitted_token_has_the_target_support_at_its_position(llm, hf_mode
         bonus = counts[3 + K - 1]
         recovered = drafts - bonus   # a draft with a rejection ends in a recovered token
         assert bonus > 0 and recovered > 0, counts
+
+
+def _preemptions(llm) -> float:
+    return sum(m.value for m in llm.get_metrics()
+               if m.name == "vllm:num_preemptions" and hasattr(m, "value"))
+
+
+def test_preempted_requests_keep_exact_masks(llm, hf_model):
+    """Six requests outgrow the KV cache, so some are preempted between verify
+    steps, their drafts dropped, and recomputed from their prompt and tokens so far.
+    Their tokens need not equal the same seeded requests run another time: where a
+    preemption falls depends on when each request reached the engine core, and a
+    resumed request's first step verifies no drafts, so its seeded draws fall on
+    other steps (stock vLLM too). What must hold is the mask of every token."""
+    cases = [dict(temperature=1.0, top_k=20)] * 6
+    before = _preemptions(llm)
+    outs = llm.generate(PROMPTS[:6], params_for(cases, 300), use_tqdm=False)
+    assert _preemptions(llm) > before, "the KV cache was meant to force preemption"
+    for out in outs:
+        check_alignment(out.outputs[0], hf_model.config.vocab_size)
+    assert assert_supports_match_reference(outs, cases, hf_model) == 6 * 40
 
 
 def test_masks_on_or_off_change_no_token_logprob_or_acceptance(llm):
@@ -208,7 +238,8 @@ def spec_server(tmp_path_factory):
             "prompt_lookup_min": 1}
     log = tmp_path_factory.mktemp("serve-spec") / "vllm-serve.log"
     with serving(free_port(), str(log), extra=["--speculative-config", json.dumps(spec)],
-                 runner="v1") as base:
+                 runner="v1", env={"VLLM_SERVER_DEV_MODE": "1",   # /pause, /resume
+                                   "VLLM_SAMPLING_MASK_DEBUG_STATE": "1"}) as base:
         yield base
 
 
@@ -239,6 +270,60 @@ def test_streamed_chunks_carry_one_mask_per_token_of_a_multi_token_step(spec_ser
     for ids, m in chunks:
         assert len(m) == len(ids)
     assert max(len(ids) for ids, _ in chunks) > 1   # a verify step emitted several
+
+
+def test_keep_pause_between_verify_steps_keeps_exact_masks(spec_server, hf_model):
+    """A keep-mode pause freezes a speculating request between verify steps. After
+    the resume its tokens may go another way than the same seeded request run
+    without a pause (its first step after it verifies no drafts, so the seeded
+    draws fall on other steps; stock vLLM too), but up to the pause they are the
+    same, and every token's mask is the target's support at its position."""
+    r = requests.post(spec_server + "/v1/completions", json=dict(body(21), stream=False),
+                      timeout=300)
+    assert r.status_code == 200, r.text[:300]
+    (unpaused,) = r.json()["choices"]
+    prompt = unpaused["prompt_token_ids"]
+    stream = Stream(spec_server, seed=21)
+    stream.wait_for_tokens(8)
+    post(spec_server, "/pause", mode="keep")
+    frozen = stream.tokens()
+    time.sleep(1.0)
+    assert stream.tokens() == frozen < TOKENS
+    post(spec_server, "/resume")
+    ids, masks, finish = stream.join()
+    assert finish == "length" and len(ids) == TOKENS
+    assert ids[:frozen] == unpaused["token_ids"][:frozen]
+    assert masks[:frozen] == SamplingMask.from_response(unpaused).token_ids[:frozen]
+    paused = types.SimpleNamespace(prompt_token_ids=prompt, outputs=[types.SimpleNamespace(
+        token_ids=ids, sampling_mask=SamplingMask(token_ids=masks))])
+    case = {k: body(21)[k] for k in ("temperature", "top_k", "top_p")}
+    assert_supports_match_reference([paused], [case], hf_model)
+    assert max(len(chunk) for _, chunk, _, _ in stream.chunks) > 1   # it speculated
+    no_state_left(spec_server)
+
+
+def test_aborts_end_a_speculating_request_with_the_masks_it_got(spec_server):
+    stream = Stream(spec_server, seed=22)          # the engine aborts it (pause, abort)
+    stream.wait_for_tokens(8)
+    post(spec_server, "/pause", mode="abort")
+    ids, masks, finish = stream.join()              # asserts one mask per token, each holding it
+    post(spec_server, "/resume")
+    assert finish == "abort" and 8 <= len(ids) < TOKENS
+    no_state_left(spec_server)
+    # The client goes away mid-stream: the server drops the request and its masks.
+    with requests.post(spec_server + "/v1/completions", json=body(23), stream=True,
+                       timeout=300) as r:
+        assert r.status_code == 200
+        got = 0
+        for line in r.iter_lines(decode_unicode=True):
+            if line.startswith("data: {"):
+                choice, = json.loads(line[len("data: "):])["choices"]
+                got += len(choice.get("token_ids") or [])
+            if got >= 8:
+                break
+    no_state_left(spec_server)
+    ids, masks, finish = Stream(spec_server, seed=23).join()   # and it serves on
+    assert finish == "length" and len(ids) == len(masks) == TOKENS
 
 
 # -- the two upstream fixes the verify step needs on a CPU host, in this process --
