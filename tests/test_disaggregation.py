@@ -105,6 +105,7 @@ def prefill_leg(route: str, body: dict, mask: bool | None = None) -> dict:
     the KV kept for a remote decode; `mask` sets its `return_sampling_mask`."""
     leg = copy.deepcopy(body)
     leg.pop("stream", None)
+    leg.pop("stream_options", None)
     (leg["sampling_params"] if route == GEN else leg)["max_tokens"] = 1
     leg["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False}
     if mask is not None:
