@@ -59,6 +59,42 @@ def perturbed_draft(path: str, noise: float = 0.08, seed: int = 0) -> str:
     return path
 
 
+def eagle_head(path: str, seed: int = 0) -> str:
+    """An EAGLE (1) draft head for the demo model at `path`, for speculative
+    decoding with `"method": "eagle"`: one decoder layer, a copy of the demo
+    model's last, fed by `fc`, which keeps the target's hidden state and adds a
+    little seeded noise of the token's embedding. The embedding and the LM head are
+    the target's (vLLM shares them when the head has none). Its drafts are poor
+    (most are rejected, some accepted): what it exercises is EAGLE's path through
+    the verify step, not its speed. Returns `path`."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(DEMO_MODEL, "config.json")) as f:
+        config = json.load(f)
+    last = f"model.layers.{config['num_hidden_layers'] - 1}."
+    config.update(architectures=["EagleLlamaForCausalLM"], num_hidden_layers=1)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(DEMO_MODEL, name), path)
+    weights = load_file(os.path.join(DEMO_MODEL, "model.safetensors"))
+    # EAGLE's first layer has no input norm: it reads fc's output as it is.
+    head = {"layers.0." + name[len(last):]: w for name, w in weights.items()
+            if name.startswith(last) and "input_layernorm" not in name}
+    hidden = config["hidden_size"]
+    generator = torch.Generator().manual_seed(seed)
+    fc = 0.01 * torch.randn(hidden, 2 * hidden, generator=generator)
+    fc[:, hidden:] += torch.eye(hidden)        # [embedding | hidden state] -> hidden
+    head["fc.weight"] = fc
+    save_file(head, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    return path
+
+
 def server_command(port: int, model: str = DEMO_MODEL, extra=(), mask: bool = True
                    ) -> list[str]:
     """The `vllm serve` command line; `mask=False` leaves out `--return-sampling-mask`

@@ -101,8 +101,9 @@ class Release:
     # the Triton minor release its torch pin brings (the interpreter enablers are
     # checked against it): torch 2.13 -> Triton 3.9, 0.24's torch 2.11 -> 3.6
     triton: str = "3.9"
-    # the speculative methods a CPU host can run (n-gram lookup, a draft model) that
-    # Model Runner V2 accepts: before 0.31 only EAGLE/MTP heads ("Model Runner V2
+    # the speculative methods with no head of their own (n-gram lookup, a draft
+    # model) that Model Runner V2 accepts: before 0.31 only EAGLE/MTP heads, which
+    # it takes on every supported release ("Model Runner V2
     # does not yet support: ngram/ngram_gpu speculative decoding", "... speculative
     # method 'draft_model'"); 0.31 adds draft_model, 0.32 ngram
     mrv2_speculators: tuple[str, ...] = ()

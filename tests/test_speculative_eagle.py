@@ -1,0 +1,72 @@
+"""Sampling masks under EAGLE speculative decoding, on both runners (on CPU: V1
+natively, Model Runner V2 through Triton's interpreter).
+
+EAGLE drafts with a small head fed the target's hidden states, not with a model of
+its own: a different proposer in front of the same verify step as `draft_model`
+and `ngram` (tests/test_speculative.py, which covers the rest: every kind of
+emitted token, n > 1, stops, the size limit, preemption, streaming, aborts). The
+head is `demo.eagle_head`, built from the demo model's last layer; its drafts are
+poor, so verify steps reject most and accept some. Each emitted token's mask must
+be the processed target's support at its position, checked against an independent
+transformers forward pass, and masks on or off change no token, logprob or
+acceptance.
+
+MTP heads (the multi-token-prediction layers DeepSeek-V3, Qwen3-Next, MiMo and
+others ship) are not run here: the demo model has none. They go through the same
+verify step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from conftest import (ENGINE_KWARGS, PROMPTS, assert_supports_match_reference,
+                      check_alignment, native_v1)
+from test_speculative import (CASES, MASK_OFF, V1_CANNOT, generate_counting,
+                              params_for)
+from vllm import LLM
+
+from vllm_sampling_mask.demo import eagle_head
+from vllm_sampling_mask.patching import upstream_release
+
+K = 2   # draft positions per verify step
+
+
+@pytest.fixture(scope="module", params=[
+    pytest.param("v1", id="v1-eagle"),
+    pytest.param("mrv2", id="mrv2-eagle", marks=pytest.mark.mrv2)])
+def llm(request, tmp_path_factory):
+    runner = request.param
+    if runner == "v1" and not upstream_release().v1_cpu_speculation:
+        pytest.skip(V1_CANNOT)
+    head = eagle_head(str(tmp_path_factory.mktemp("eagle") / "head"))
+    spec = {"method": "eagle", "model": head, "num_speculative_tokens": K}
+    with native_v1() if runner == "v1" else contextlib.nullcontext():
+        engine = LLM(**dict(ENGINE_KWARGS, max_model_len=256, max_num_seqs=8,
+                            max_logprobs=8, disable_log_stats=False,
+                            speculative_config=spec))
+    yield engine
+    del engine
+
+
+def test_every_emitted_token_has_the_target_support_at_its_position(llm, hf_model):
+    cases = [{"top_k": 0, **c} for c in CASES]
+    outs, counts = generate_counting(llm, PROMPTS[:len(cases)], params_for(cases, 500))
+    for out in outs:
+        check_alignment(out.outputs[0], hf_model.config.vocab_size)
+    assert assert_supports_match_reference(outs, cases, hf_model) == 40 * len(cases)
+    drafts, draft_tokens, accepted = counts[:3]
+    assert drafts > 0 and accepted > 0 and draft_tokens - accepted > 0, counts
+
+
+def test_masks_on_or_off_change_no_token_logprob_or_acceptance(llm):
+    on, counts_on = generate_counting(llm, PROMPTS[:6], params_for(CASES, 600))
+    off, counts_off = generate_counting(llm, PROMPTS[:6], params_for(
+        CASES, 600, extra_args=MASK_OFF))
+    for a, b in zip(on, off):
+        assert a.outputs[0].sampling_mask is not None and b.outputs[0].sampling_mask is None
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert [lp[t].logprob for t, lp in zip(a.outputs[0].token_ids, a.outputs[0].logprobs)] \
+            == [lp[t].logprob for t, lp in zip(b.outputs[0].token_ids, b.outputs[0].logprobs)]
+    assert counts_on.tolist() == counts_off.tolist()
