@@ -1,5 +1,6 @@
 """Masks across weight updates while rollouts are in flight (vLLM's RL routes, served
-with VLLM_SERVER_DEV_MODE=1), on the V1 runner, on `/inference/v1/generate`.
+with VLLM_SERVER_DEV_MODE=1), on both runners (Model Runner V2 through Triton's
+interpreter, marked `mrv2`), on `/inference/v1/generate`.
 
 The update path a CPU host runs: `POST /pause`, `POST /collective_rpc` with
 `reload_weights` from a checkpoint (`weights_path`), `POST /update_weight_version`,
@@ -24,7 +25,8 @@ produced its token:
   covering exactly its tokens and masks.
 
 On a CPU host the new-weight checks pass thanks to the `cpu_reload_tied_lm_head` fix
-(without it the demo model's tied LM head kept multiplying by the old weights). The
+(without it the demo model's tied LM head kept multiplying by the old weights, on
+either runner). The
 keep test also runs docs/rl_recipes.md's `by_version` sketch on its response.
 After each, no per-request mask state is left in any process (the state route).
 Needs vLLM 0.32 (`CompletionOutput.weight_versions`); the weight-transfer backends
@@ -66,10 +68,14 @@ def new_weights(tmp_path_factory):
     return perturbed_draft(str(tmp_path_factory.mktemp("new-weights") / "model"), noise=0.3)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    log = tmp_path_factory.mktemp("serve-weights") / "vllm-serve.log"
-    with serving(free_port(), str(log), runner="v1", extra=["--block-size", str(BLOCK)],
+@pytest.fixture(scope="module", params=[
+    "v1", pytest.param("mrv2", marks=pytest.mark.mrv2)])
+def server(request, tmp_path_factory):
+    """One dev-mode server per runner (Model Runner V2 on a CPU host through Triton's
+    interpreter); each runs the tests below in order."""
+    log = tmp_path_factory.mktemp(f"serve-weights-{request.param}") / "vllm-serve.log"
+    with serving(free_port(), str(log), runner=request.param,
+                 extra=["--block-size", str(BLOCK)],
                  env={"VLLM_SERVER_DEV_MODE": "1",
                       "VLLM_SAMPLING_MASK_DEBUG_STATE": "1"}) as base:
         yield base

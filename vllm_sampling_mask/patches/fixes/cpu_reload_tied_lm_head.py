@@ -38,7 +38,7 @@ def tied_embedding_layers(model, method_type) -> list:
     `weight` is the same tensor as another layer's (a tied LM head, its embedding)."""
     holders: dict[int, list] = {}
     for layer in model.modules():
-        weight = layer._parameters.get("weight") if hasattr(layer, "_parameters") else None
+        weight = layer._parameters.get("weight")
         if weight is not None:
             holders.setdefault(id(weight), []).append(layer)
     return [layer for layers in holders.values() if len(layers) > 1 for layer in layers
