@@ -257,6 +257,18 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "raise RuntimeError(self._grouped_gemm_alignment_error(layer))"),
         _s(CPU_MOE, "CPUFusedMOE.__init__", "self.check_grouped_gemm(layer)"),
     ),
+    "cpu_reload_tied_lm_head": (
+        _f("vllm.v1.worker.gpu_worker", "Worker.reload_weights", "self", "args", "kwargs"),
+        _n("vllm.model_executor.layers.vocab_parallel_embedding",
+           "UnquantizedEmbeddingMethod.process_weights_after_loading"),
+        _s("vllm.model_executor.layers.vocab_parallel_embedding",
+           "UnquantizedEmbeddingMethod.process_weights_after_loading",
+           "dispatch_cpu_unquantized_gemm(layer, remove_weight=False)"),
+        _s("vllm.model_executor.layers.vocab_parallel_embedding",
+           "UnquantizedEmbeddingMethod.tie_weights", "layer.weight = embed_tokens.weight"),
+        _s("vllm.model_executor.layers.utils", "dispatch_cpu_unquantized_gemm",
+           "layer.cpu_linear = "),
+    ),
     "cpu_generator_rewind": (
         _f(V1, "GPUModelRunner._sample", "self", "logits", "spec_decode_metadata"),
         _f(V1, "GPUModelRunner._bookkeeping_sync", "self", "scheduler_output",

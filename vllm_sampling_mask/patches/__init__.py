@@ -118,6 +118,12 @@ _RECORDS = (
           "did: its check raised nothing; 0.28 does again: its AMX experts declare "
           "bfloat16 only and the oracle picks another)",
           since="0.27.1", until="0.28.0"),
+    Patch("cpu_reload_tied_lm_head", ("vllm.v1.worker.gpu_worker",), WORKER, X,
+          NONE_KNOWN + "CPU: reload_weights leaves a tied LM head's prepacked GEMM on "
+          "the old weights (dispatch_cpu_unquantized_gemm is not re-run for a layer "
+          "that loads no weight)",
+          "upstream's layerwise reload re-processes a layer whose kernel tensors another "
+          "layer's load wrote into, or the CPU LM head reads its weight at call time"),
     Patch("token_id_validation", (INPUT,), API, X,
           NONE_KNOWN + "token ids out of the model's vocabulary kill the engine "
           "(prompt id == vocab size, stop_token_ids unchecked, 64-bit overflow is a 500)",
