@@ -33,7 +33,7 @@ import pytest
 import requests
 from conftest import (ENGINE_KWARGS, PROMPTS, assert_supports_match_reference,
                       check_alignment, native_v1)
-from test_rl_loop import TOKENS, Stream, body, no_state_left, post
+from rl_http import TOKENS, Stream, body, no_state_left, post
 from test_support_logprobs_engine import check_exact
 from vllm import LLM, SamplingParams
 

@@ -44,7 +44,7 @@ import requests
 import torch
 from conftest import free_port, reference_support
 from test_examples import _sketch
-from test_rl_loop import no_state_left, paused, post
+from rl_http import no_state_left, paused, post
 
 from vllm_sampling_mask import DEMO_MODEL
 from vllm_sampling_mask.demo import perturbed_draft, serving
