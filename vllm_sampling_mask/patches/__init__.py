@@ -118,6 +118,10 @@ _RECORDS = (
           "did: its check raised nothing; 0.28 does again: its AMX experts declare "
           "bfloat16 only and the oracle picks another)",
           since="0.27.1", until="0.28.0"),
+    Patch("cpu_lora_base_rows", ("vllm.lora.ops.torch_ops.lora_ops",), WORKER, X,
+          "vLLM #48421, #49656 (open: the PyTorch LoRA ops index a no-adapter row's -1 "
+          "as the last adapter slot)",
+          "upstream's PyTorch bgmv ops skip rows with index -1 (#48421 or #49656)"),
     Patch("token_id_validation", (INPUT,), API, X,
           NONE_KNOWN + "token ids out of the model's vocabulary kill the engine "
           "(prompt id == vocab size, stop_token_ids unchecked, 64-bit overflow is a 500)",
