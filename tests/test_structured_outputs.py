@@ -31,6 +31,8 @@ import pytest
 import torch
 from conftest import ENGINE_KWARGS, check_alignment, hf_logits, native_v1, reference_support
 
+from vllm_sampling_mask.patching import upstream_release
+
 RUNNERS = ["v1", "mrv2"]   # V1 natively; Model Runner V2 through Triton's interpreter
 SCHEMA = {"type": "object",
           "properties": {"name": {"type": "string", "maxLength": 8},
@@ -53,6 +55,14 @@ TOKENS = 64
     for runner in RUNNERS])
 def llm(request):
     from vllm import LLM
+    release = upstream_release()
+    if request.param == "mrv2" and not release.mrv2_cpu_grammar and \
+            not torch.cuda.is_available():
+        pytest.skip(f"vLLM {release.version}'s Model Runner V2 cannot apply a grammar on "
+                    "a CPU host, stock vLLM too (Release.mrv2_cpu_grammar: its bitmask's "
+                    "index copy asks for pinned memory, \"pin_memory=True requires a CUDA "
+                    "or other accelerator backend; no pinned memory allocator is available "
+                    "on this system.\", and the engine dies)")
     kwargs = dict(ENGINE_KWARGS, max_model_len=256, max_num_seqs=4)
     with native_v1() if request.param == "v1" else contextlib.nullcontext():
         engine = LLM(**kwargs)
