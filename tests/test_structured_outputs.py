@@ -59,10 +59,11 @@ def llm(request):
     if request.param == "mrv2" and not release.mrv2_cpu_grammar and \
             not torch.cuda.is_available():
         pytest.skip(f"vLLM {release.version}'s Model Runner V2 cannot apply a grammar on "
-                    "a CPU host, stock vLLM too (Release.mrv2_cpu_grammar: its bitmask's "
-                    "index copy asks for pinned memory, \"pin_memory=True requires a CUDA "
-                    "or other accelerator backend; no pinned memory allocator is available "
-                    "on this system.\", and the engine dies)")
+                    "a CPU host (Release.mrv2_cpu_grammar: upstream's bitmask index copy in "
+                    "v1/worker/gpu/structured_outputs.py asks for pinned memory, "
+                    "\"pin_memory=True requires a CUDA or other accelerator backend; no "
+                    "pinned memory allocator is available on this system.\", and the "
+                    "engine dies)")
     kwargs = dict(ENGINE_KWARGS, max_model_len=256, max_num_seqs=4)
     with native_v1() if request.param == "v1" else contextlib.nullcontext():
         engine = LLM(**kwargs)
