@@ -265,8 +265,8 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "lora_indices_tensor", "add_inputs"),
         _f(LORA_OPS, "bgmv_expand_slice", "inputs", "lora_b_weights", "output_tensor",
            "lora_indices_tensor", "slice_offset", "slice_size", "add_inputs"),
-        # the gather that reads -1 as the last slot, and the prefill ops going through
-        # the module's (wrapped) bgmv ops
+        # the gather that reads -1 as the last slot (0.33.0 clamps it: the patch ends
+        # there), and the prefill ops going through the module's (wrapped) bgmv ops
         _s(LORA_OPS, "bgmv_shrink", "lora_b_weights[lora_indices_tensor]"),
         _s(LORA_OPS, "sgmv_shrink", "bgmv_shrink("),
         _s(LORA_OPS, "sgmv_expand", "bgmv_expand("),

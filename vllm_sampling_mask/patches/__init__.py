@@ -119,9 +119,9 @@ _RECORDS = (
           "bfloat16 only and the oracle picks another)",
           since="0.27.1", until="0.28.0"),
     Patch("cpu_lora_base_rows", ("vllm.lora.ops.torch_ops.lora_ops",), WORKER, X,
-          "vLLM #48421, #49656 (open: the PyTorch LoRA ops index a no-adapter row's -1 "
-          "as the last adapter slot)",
-          "upstream's PyTorch bgmv ops skip rows with index -1 (#48421 or #49656)"),
+          "vLLM #48421, #49656 (the PyTorch LoRA ops index a no-adapter row's -1 as the "
+          "last adapter slot; 0.33.0's ops clamp the index and zero those rows)",
+          "0.33.0 is supported: `until=\"0.33.0\"` (its bgmv ops skip rows with index -1)"),
     Patch("token_id_validation", (INPUT,), API, X,
           NONE_KNOWN + "token ids out of the model's vocabulary kill the engine "
           "(prompt id == vocab size, stop_token_ids unchecked, 64-bit overflow is a 500)",
