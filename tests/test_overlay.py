@@ -22,6 +22,7 @@ def run_python(code: str, env_extra=None, cwd=None, drop=()) -> subprocess.Compl
 def test_every_patch_target_exists_and_every_patch_applies():
     applied = patching.apply_all()
     assert set(applied) == set(REGISTRY)
+    assert len(applied) == len(REGISTRY)   # each once, even when apply_all imported its target
     release = patching.upstream_release()
     for record in REGISTRY.values():
         importlib.import_module(record.module)

@@ -292,6 +292,19 @@ def test_v1_cpu_speculation_is_what_the_release_can_run(release):
         "USE_FP64_GUMBEL" in params and (overridden or not dispatched))
 
 
+def test_mrv2_cpu_grammar_is_what_the_release_can_run(release):
+    """`release.mrv2_cpu_grammar`: Model Runner V2's grammar bitmask copies its index
+    through memory pinned only where pinning is available (0.28 on); before, it asks
+    for pinned memory on any host, which a CPU host refuses."""
+    import inspect
+
+    import vllm.v1.worker.gpu.structured_outputs as structured_outputs
+
+    source = inspect.getsource(structured_outputs)
+    assert "pin_memory=" in source
+    assert release.mrv2_cpu_grammar == ("pin_memory=True" not in source)
+
+
 @pytest.mark.parametrize("method", ["draft_model", "ngram"])
 def test_mrv2_speculators_are_what_the_release_accepts(release, method, monkeypatch):
     """`release.mrv2_speculators`: the speculative methods Model Runner V2 takes on

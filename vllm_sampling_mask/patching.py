@@ -110,6 +110,8 @@ def apply_patch(name: str) -> bool:
             return True
         targets = [importlib.import_module(t) for t in
                    (record.targets_for(release) if release else record.targets)]
+        if name in APPLIED:
+            return True   # importing its target ran the post-import hook, which applied it
         importlib.import_module(record.module).apply(targets[0], release)
         APPLIED.append(name)
         return True

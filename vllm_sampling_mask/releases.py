@@ -115,6 +115,12 @@ class Release:
     # through the warm-up dispatcher, and the CPU platform overrides none of them
     # until 0.31 ("Cannot inspect kernel parameters for function")
     v1_cpu_speculation: bool = True
+    # Model Runner V2 applies a structured-output grammar on a CPU host (under
+    # Triton's interpreter). Not before 0.28: its grammar bitmask's index copy asks
+    # for pinned memory unconditionally (`pin_memory=True`; "pin_memory=True requires
+    # a CUDA or other accelerator backend"), and the engine dies; 0.28 pins only
+    # where pinning is available
+    mrv2_cpu_grammar: bool = True
 
     def module(self, role: str) -> str:
         return self.modules[role]
@@ -167,6 +173,7 @@ V0_24 = Release(
     cpu_extra=False,
     triton="3.6",
     v1_cpu_speculation=False,
+    mrv2_cpu_grammar=False,
 )
 
 # the generate route moved to `scale_out.token_in_token_out` (same classes, path and
@@ -189,11 +196,12 @@ V0_27 = _after(
 )
 
 # vLLM #49577: a sampling mask of its own (Model Runner V2 only); the schema-error
-# handler moved to its own package
+# handler moved to its own package; MRv2's grammar bitmask pins memory only where it can
 V0_28 = _after(
     V0_27, "0.28.0",
     modules={"validation_handler": "vllm.entrypoints.serve.exception_handling.register"},
     upstream_mask=True,
+    mrv2_cpu_grammar=True,
 )
 
 # `vllm serve` builds its app in `launchers` (`openai.api_server` is a re-export it

@@ -150,6 +150,7 @@ def _s(module: str, name: str, *uses: str, since: Since = None, until: Since = N
 
 GPU = "vllm.v1.worker.gpu"
 CPU_MOE = "vllm.model_executor.layers.fused_moe.cpu_fused_moe"
+LORA_OPS = "vllm.lora.ops.torch_ops.lora_ops"
 API_SERVER = "vllm.entrypoints.openai.api_server"
 EXC_REGISTER = "vllm.entrypoints.serve.exception_handling.register"
 EXC_HANDLERS = "vllm.entrypoints.serve.exception_handling.handlers"
@@ -268,6 +269,21 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "UnquantizedEmbeddingMethod.tie_weights", "layer.weight = embed_tokens.weight"),
         _s("vllm.model_executor.layers.utils", "dispatch_cpu_unquantized_gemm",
            "layer.cpu_linear = "),
+    ),
+    "cpu_lora_base_rows": (
+        _f(LORA_OPS, "bgmv_shrink", "inputs", "lora_b_weights", "output_tensor",
+           "lora_indices_tensor", "scaling"),
+        _f(LORA_OPS, "bgmv_expand", "inputs", "lora_b_weights", "output_tensor",
+           "lora_indices_tensor", "add_inputs"),
+        _f(LORA_OPS, "bgmv_expand_slice", "inputs", "lora_b_weights", "output_tensor",
+           "lora_indices_tensor", "slice_offset", "slice_size", "add_inputs"),
+        # the gather that reads -1 as the last slot (0.33.0 clamps it: the patch ends
+        # there), and the prefill ops going through the module's (wrapped) bgmv ops
+        _s(LORA_OPS, "bgmv_shrink", "lora_b_weights[lora_indices_tensor]"),
+        _s(LORA_OPS, "sgmv_shrink", "bgmv_shrink("),
+        _s(LORA_OPS, "sgmv_expand", "bgmv_expand("),
+        _s(LORA_OPS, "sgmv_expand_slice", "bgmv_expand_slice("),
+        _n("vllm.lora.punica_wrapper.punica_cpu", "PunicaWrapperCPU"),
     ),
     "cpu_generator_rewind": (
         _f(V1, "GPUModelRunner._sample", "self", "logits", "spec_decode_metadata"),

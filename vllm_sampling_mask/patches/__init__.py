@@ -124,6 +124,10 @@ _RECORDS = (
           "that loads no weight)",
           "upstream's layerwise reload re-processes a layer whose kernel tensors another "
           "layer's load wrote into, or the CPU LM head reads its weight at call time"),
+    Patch("cpu_lora_base_rows", ("vllm.lora.ops.torch_ops.lora_ops",), WORKER, X,
+          "vLLM #48421, #49656 (the PyTorch LoRA ops index a no-adapter row's -1 as the "
+          "last adapter slot; 0.33.0's ops clamp the index and zero those rows)",
+          "0.33.0 is supported: `until=\"0.33.0\"` (its bgmv ops skip rows with index -1)"),
     Patch("token_id_validation", (INPUT,), API, X,
           NONE_KNOWN + "token ids out of the model's vocabulary kill the engine "
           "(prompt id == vocab size, stop_token_ids unchecked, 64-bit overflow is a 500)",
