@@ -13,12 +13,13 @@ What a mask must be there: each emitted token (accepted draft, recovered, bonus)
 gets the support of the processed target distribution at its position, checked
 against an independent transformers forward pass over its prefix, whatever kind
 of token it is; rejected drafts contribute nothing; masks on or off change no
-token, logprob or acceptance; a request preempted between verify steps (the KV
-cache is kept small) is recomputed with the same tokens and masks. Over HTTP
-(`vllm serve` with n-gram speculation, vLLM's RL routes on), a streamed chunk
-carries the masks of every token a verify step emitted, a keep-mode pause
-between verify steps changes nothing, and a request aborted by the engine or
-dropped by its client ends with the masks it got and leaves no state behind.
+token, logprob or acceptance. Masks stay exact for a prompt served from the prefix
+cache and for requests preempted between verify steps (the KV cache is kept
+small). Over HTTP (`vllm serve` with n-gram speculation, vLLM's RL routes on), a
+streamed chunk carries the masks of every token a verify step emitted, a request
+paused in keep mode between verify steps keeps exact masks, and a request aborted
+by the engine or dropped by its client ends with the masks it got and leaves no
+state behind.
 """
 
 from __future__ import annotations
@@ -146,6 +147,25 @@ def test_preempted_requests_keep_exact_masks(llm, hf_model):
     for out in outs:
         check_alignment(out.outputs[0], hf_model.config.vocab_size)
     assert assert_supports_match_reference(outs, cases, hf_model) == 6 * 40
+
+
+def _counter(llm, name: str) -> float:
+    return sum(m.value for m in llm.get_metrics() if m.name == name and hasattr(m, "value"))
+
+
+def test_a_prefix_cache_hit_keeps_exact_masks(llm, hf_model):
+    """A prompt of three full KV blocks, asked again: the second time its blocks
+    come from the prefix cache, and every emitted token's mask is still the
+    target's support."""
+    prompt = " ".join(PROMPTS) * 2      # 110 tokens: three blocks of 32
+    cases = [dict(temperature=0.8, top_k=20)] * 3
+    first = llm.generate([prompt], params_for(cases[:1], 700, max_tokens=24),
+                         use_tqdm=False)
+    hits = _counter(llm, "vllm:prefix_cache_hits")
+    again = llm.generate([prompt, prompt], params_for(cases[1:], 710, max_tokens=24),
+                         use_tqdm=False)
+    assert _counter(llm, "vllm:prefix_cache_hits") - hits >= 2 * 96
+    assert assert_supports_match_reference(first + again, cases, hf_model) == 3 * 24
 
 
 def test_masks_on_or_off_change_no_token_logprob_or_acceptance(llm):
