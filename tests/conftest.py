@@ -73,6 +73,23 @@ def native_v1():
                 os.environ[k] = v
 
 
+def engine_on(runner: str, **kwargs):
+    """An `LLM` on `runner`: "v1" natively (`native_v1`), "mrv2" as this session
+    sets it up (Model Runner V2, through Triton's interpreter on a CPU host); its
+    `runner` attribute says which."""
+    from vllm import LLM
+    with native_v1() if runner == "v1" else contextlib.nullcontext():
+        engine = LLM(**kwargs)
+    engine.runner = runner
+    return engine
+
+
+def counter(llm, name: str) -> float:
+    """The total so far of one of `llm`'s counters (`vllm:num_preemptions`,
+    `vllm:prefix_cache_hits`, ...), summed over its labels."""
+    return sum(m.value for m in llm.get_metrics() if m.name == name and hasattr(m, "value"))
+
+
 def check_alignment(completion, vocab_size):
     """One mask per token, sampled token inside, ids unique, sorted, in range."""
     from vllm_sampling_mask import SamplingMask

@@ -12,7 +12,6 @@ Runner V2 has no custom processors.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 
@@ -21,12 +20,13 @@ import pytest
 import torch
 from ban_ids_processor import BanIdsProcessor
 from conftest import (ENGINE_KWARGS, PROMPTS, assert_supports_match_reference,
-                      check_alignment, hf_logits, native_v1)
-from vllm import LLM, SamplingParams
+                      check_alignment, counter, engine_on, hf_logits)
+from vllm import SamplingParams
 
 from vllm_sampling_mask.training import nucleus_logprobs
 
 RUNNERS = ["v1", "mrv2"]
+PREEMPTIONS = "vllm:num_preemptions"
 
 
 @pytest.fixture(scope="module", params=RUNNERS)
@@ -36,9 +36,7 @@ def llm(request):
                   max_logprobs=64, disable_log_stats=False, max_sampling_mask_size=128)
     if request.param == "v1":
         kwargs["logits_processors"] = [BanIdsProcessor]
-    with native_v1() if request.param == "v1" else contextlib.nullcontext():
-        engine = LLM(**kwargs)
-    engine.runner = request.param
+    engine = engine_on(request.param, **kwargs)
     yield engine
     del engine
 
@@ -222,17 +220,12 @@ def test_partial_prefill_rows_are_not_extracted(llm, tokenizer, hf_model):
     assert_supports_match_reference(outs, cases, hf_model)
 
 
-def _preemptions(llm) -> float:
-    return sum(m.value for m in llm.get_metrics()
-               if m.name == "vllm:num_preemptions" and hasattr(m, "value"))
-
-
 def test_preemption_and_recompute_keep_masks_aligned(llm, tokenizer):
-    before = _preemptions(llm)
+    before = counter(llm, PREEMPTIONS)
     sp = [SamplingParams(temperature=1.0, top_k=20, max_tokens=40, ignore_eos=True,
                          seed=300 + i) for i in range(6)]
     outs = llm.generate(PROMPTS[:6], sp)   # 6 x ~50 tokens > 16 blocks x 16
-    assert _preemptions(llm) > before, "the KV cache was meant to force preemption"
+    assert counter(llm, PREEMPTIONS) > before, "the KV cache was meant to force preemption"
     for out in outs:
         assert len(out.outputs[0].token_ids) == 40
         check_alignment(out.outputs[0], len(tokenizer))

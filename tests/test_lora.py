@@ -22,14 +22,13 @@ without an engine.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 
 import pytest
 import torch
 from conftest import (ENGINE_KWARGS, PROMPTS, assert_supports_match_reference,
-                      check_alignment, native_v1)
+                      check_alignment, engine_on)
 
 from vllm_sampling_mask import DEMO_MODEL
 
@@ -112,12 +111,9 @@ def references(adapters) -> dict:
     pytest.param(runner, marks=pytest.mark.mrv2 if runner == "mrv2" else ())
     for runner in RUNNERS])
 def llm(request):
-    from vllm import LLM
-    kwargs = dict(ENGINE_KWARGS, max_model_len=256, max_num_seqs=8,
-                  enable_lora=True, max_lora_rank=RANK, max_loras=2)
-    with native_v1() if request.param == "v1" else contextlib.nullcontext():
-        engine = LLM(**kwargs)
-    engine.runner = request.param
+    engine = engine_on(request.param, **dict(ENGINE_KWARGS, max_model_len=256,
+                                             max_num_seqs=8, enable_lora=True,
+                                             max_lora_rank=RANK, max_loras=2))
     yield engine
     del engine
 

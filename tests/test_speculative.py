@@ -24,7 +24,6 @@ state behind.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 import types
@@ -33,10 +32,10 @@ import numpy as np
 import pytest
 import requests
 from conftest import (ENGINE_KWARGS, PROMPTS, assert_supports_match_reference,
-                      check_alignment, native_v1)
+                      check_alignment, counter, engine_on)
 from rl_http import TOKENS, Stream, body, no_state_left, post
 from test_support_logprobs_engine import check_exact
-from vllm import LLM, SamplingParams
+from vllm import SamplingParams
 
 from vllm_sampling_mask import DEMO_MODEL, SamplingMask
 from vllm_sampling_mask.demo import perturbed_draft
@@ -77,12 +76,12 @@ def llm(request, draft):
     else:
         spec = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3,
                 "prompt_lookup_min": 1}
-    with native_v1() if runner == "v1" else contextlib.nullcontext():
-        engine = LLM(**dict(ENGINE_KWARGS, max_model_len=256, max_num_seqs=8,
-                            max_logprobs=8, disable_log_stats=False,
-                            max_sampling_mask_size=MAX_SIZE, speculative_config=spec,
-                            num_gpu_blocks_override=KV_BLOCKS, block_size=32))
-    engine.runner, engine.method = runner, method
+    engine = engine_on(runner, **dict(ENGINE_KWARGS, max_model_len=256, max_num_seqs=8,
+                                      max_logprobs=8, disable_log_stats=False,
+                                      max_sampling_mask_size=MAX_SIZE,
+                                      speculative_config=spec,
+                                      num_gpu_blocks_override=KV_BLOCKS, block_size=32))
+    engine.method = method
     yield engine
     del engine
 
@@ -128,11 +127,6 @@ def test_every_emitted_token_has_the_target_support_at_its_position(llm, hf_mode
         assert bonus > 0 and recovered > 0, counts
 
 
-def _preemptions(llm) -> float:
-    return sum(m.value for m in llm.get_metrics()
-               if m.name == "vllm:num_preemptions" and hasattr(m, "value"))
-
-
 def test_preempted_requests_keep_exact_masks(llm, hf_model):
     """Six requests outgrow the KV cache, so some are preempted between verify
     steps, their drafts dropped, and recomputed from their prompt and tokens so far.
@@ -141,16 +135,12 @@ def test_preempted_requests_keep_exact_masks(llm, hf_model):
     resumed request's first step verifies no drafts, so its seeded draws fall on
     other steps (stock vLLM too). What must hold is the mask of every token."""
     cases = [dict(temperature=1.0, top_k=20)] * 6
-    before = _preemptions(llm)
+    before = counter(llm, "vllm:num_preemptions")
     outs = llm.generate(PROMPTS[:6], params_for(cases, 300), use_tqdm=False)
-    assert _preemptions(llm) > before, "the KV cache was meant to force preemption"
+    assert counter(llm, "vllm:num_preemptions") > before, "the KV cache was meant to force preemption"
     for out in outs:
         check_alignment(out.outputs[0], hf_model.config.vocab_size)
     assert assert_supports_match_reference(outs, cases, hf_model) == 6 * 40
-
-
-def _counter(llm, name: str) -> float:
-    return sum(m.value for m in llm.get_metrics() if m.name == name and hasattr(m, "value"))
 
 
 def test_a_prefix_cache_hit_keeps_exact_masks(llm, hf_model):
@@ -161,21 +151,17 @@ def test_a_prefix_cache_hit_keeps_exact_masks(llm, hf_model):
     cases = [dict(temperature=0.8, top_k=20)] * 3
     first = llm.generate([prompt], params_for(cases[:1], 700, max_tokens=24),
                          use_tqdm=False)
-    hits = _counter(llm, "vllm:prefix_cache_hits")
+    hits = counter(llm, "vllm:prefix_cache_hits")
     again = llm.generate([prompt, prompt], params_for(cases[1:], 710, max_tokens=24),
                          use_tqdm=False)
-    assert _counter(llm, "vllm:prefix_cache_hits") - hits >= 2 * 96
+    assert counter(llm, "vllm:prefix_cache_hits") - hits >= 2 * 96
     assert assert_supports_match_reference(first + again, cases, hf_model) == 3 * 24
 
 
-def test_masks_on_or_off_change_no_token_logprob_or_acceptance(llm):
-    # Three requests fit the small KV cache: no preemption, whose timing (when each
-    # request reaches the engine core) would move drafts between steps.
-    cases, before = CASES[:3], _preemptions(llm)
-    on, counts_on = generate_counting(llm, PROMPTS[:3], params_for(cases, 200))
-    off, counts_off = generate_counting(llm, PROMPTS[:3], params_for(
-        cases, 200, extra_args=MASK_OFF))
-    assert _preemptions(llm) == before
+def assert_masks_changed_nothing(on, off, counts_on, counts_off) -> None:
+    """The same seeded requests with masks on and off (the per-request switch):
+    masks only where asked, the same tokens and logprobs, the same speculative
+    counters, some drafts accepted."""
     for a, b in zip(on, off):
         assert a.outputs[0].sampling_mask is not None and b.outputs[0].sampling_mask is None
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
@@ -183,6 +169,17 @@ def test_masks_on_or_off_change_no_token_logprob_or_acceptance(llm):
             == [lp[t].logprob for t, lp in zip(b.outputs[0].token_ids, b.outputs[0].logprobs)]
     assert counts_on.tolist() == counts_off.tolist()
     assert counts_on[2] > 0
+
+
+def test_masks_on_or_off_change_no_token_logprob_or_acceptance(llm):
+    # Three requests fit the small KV cache: no preemption, whose timing (when each
+    # request reaches the engine core) would move drafts between steps.
+    cases, before = CASES[:3], counter(llm, "vllm:num_preemptions")
+    on, counts_on = generate_counting(llm, PROMPTS[:3], params_for(cases, 200))
+    off, counts_off = generate_counting(llm, PROMPTS[:3], params_for(
+        cases, 200, extra_args=MASK_OFF))
+    assert counter(llm, "vllm:num_preemptions") == before
+    assert_masks_changed_nothing(on, off, counts_on, counts_off)
 
 
 def test_support_logprobs_of_every_emitted_token(llm, hf_model):

@@ -18,14 +18,11 @@ verify step.
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 from conftest import (ENGINE_KWARGS, PROMPTS, assert_supports_match_reference,
-                      check_alignment, native_v1)
-from test_speculative import (CASES, MASK_OFF, V1_CANNOT, generate_counting,
-                              params_for)
-from vllm import LLM
+                      check_alignment, engine_on)
+from test_speculative import (CASES, MASK_OFF, V1_CANNOT, assert_masks_changed_nothing,
+                              generate_counting, params_for)
 
 from vllm_sampling_mask.demo import eagle_head
 from vllm_sampling_mask.patching import upstream_release
@@ -42,10 +39,9 @@ def llm(request, tmp_path_factory):
         pytest.skip(V1_CANNOT)
     head = eagle_head(str(tmp_path_factory.mktemp("eagle") / "head"))
     spec = {"method": "eagle", "model": head, "num_speculative_tokens": K}
-    with native_v1() if runner == "v1" else contextlib.nullcontext():
-        engine = LLM(**dict(ENGINE_KWARGS, max_model_len=256, max_num_seqs=8,
-                            max_logprobs=8, disable_log_stats=False,
-                            speculative_config=spec))
+    engine = engine_on(runner, **dict(ENGINE_KWARGS, max_model_len=256, max_num_seqs=8,
+                                      max_logprobs=8, disable_log_stats=False,
+                                      speculative_config=spec))
     yield engine
     del engine
 
@@ -64,9 +60,4 @@ def test_masks_on_or_off_change_no_token_logprob_or_acceptance(llm):
     on, counts_on = generate_counting(llm, PROMPTS[:6], params_for(CASES, 600))
     off, counts_off = generate_counting(llm, PROMPTS[:6], params_for(
         CASES, 600, extra_args=MASK_OFF))
-    for a, b in zip(on, off):
-        assert a.outputs[0].sampling_mask is not None and b.outputs[0].sampling_mask is None
-        assert a.outputs[0].token_ids == b.outputs[0].token_ids
-        assert [lp[t].logprob for t, lp in zip(a.outputs[0].token_ids, a.outputs[0].logprobs)] \
-            == [lp[t].logprob for t, lp in zip(b.outputs[0].token_ids, b.outputs[0].logprobs)]
-    assert counts_on.tolist() == counts_off.tolist()
+    assert_masks_changed_nothing(on, off, counts_on, counts_off)
