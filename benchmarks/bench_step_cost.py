@@ -14,13 +14,22 @@ The protocol the step-cost goal is judged by (docs/sampling_mask.md, "Cost"):
   the median reaches `--goal` (0.97), else "not met";
 - one more point per batch on the mask-on engine: requests asking for support
   logprobs vs mask only (the same alternating pairs);
-- the machine's load average before and after, and the release.
+- the machine's load average before and after, and the release;
+- where the time goes across the process hops (`--cpu`): per engine step, the CPU
+  time of the worker process (the model, the sampler: plan, extraction, the host
+  form, pickling the step's output), of the engine-core process (unpickling it,
+  the scheduler: checking and slicing per request, encoding) and of the client
+  process (decoding, the output processor, `LLM`'s outputs), each arm's median
+  over its calls, and the difference on - off. On this machine the two processes share two cores and
+  torch's threads wait for each other at every parallel region, so a client's
+  CPU time costs the engine step time too.
 
     python benchmarks/bench_step_cost.py
     python benchmarks/bench_step_cost.py --models demo --batches 32 --pairs 9
     python benchmarks/bench_step_cost.py --models demo --batches 32 --both-off   # the check
     python benchmarks/bench_step_cost.py --json docs/step_cost_0.32.0.json
     python benchmarks/bench_step_cost.py --models demo --speculative draft_model --goal 0.95
+    python benchmarks/bench_step_cost.py --models demo --batches 8 --cpu --no-support
 
 `--speculative ngram|draft_model` runs both engines with speculative decoding (3
 draft positions; `draft_model` with `demo.perturbed_draft`, a noisy copy of the demo
@@ -75,12 +84,67 @@ def workload(batch: int, max_tokens: int, extra_args: dict | None = None):
     return prompts, params
 
 
-def timed(llm, prompts, params) -> float:
+def timed(llm, prompts, params, cpu: "CpuProbe | None" = None) -> float:
+    if cpu is not None:
+        cpu.start()
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - t0
+    if cpu is not None:
+        cpu.stop()
     assert all(len(o.outputs[0].token_ids) == params[0].max_tokens for o in outs)
     return elapsed
+
+
+class CpuProbe:
+    """CPU seconds of one engine's processes per timed call: its engine-core
+    process, the worker processes that process started (vLLM 0.32's CPU build
+    runs even one worker in a process of its own), and this, the client,
+    process."""
+
+    def __init__(self, engine_processes) -> None:
+        self.engine = list(engine_processes)
+        self.samples: dict[str, list[float]] = {"worker": [], "engine core": [],
+                                                "client": []}
+
+    def _cpu(self) -> tuple[float, float]:
+        core = workers = 0.0
+        for proc in self.engine:
+            times = proc.cpu_times()
+            core += times.user + times.system
+            for child in proc.children(recursive=True):
+                times = child.cpu_times()
+                workers += times.user + times.system
+        return workers, core
+
+    def start(self) -> None:
+        self._t0 = (*self._cpu(), time.process_time())
+
+    def stop(self) -> None:
+        now = (*self._cpu(), time.process_time())
+        for name, a, b in zip(self.samples, self._t0, now):
+            self.samples[name].append(b - a)
+
+
+def new_engine(**kwargs):
+    """An `LLM` and the processes it started (its engine core)."""
+    import psutil
+    from vllm import LLM
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    llm = LLM(**kwargs)
+    started = [p for p in me.children() if p.pid not in before]
+    return llm, started
+
+
+def cpu_per_step(off: CpuProbe, on: CpuProbe, steps: int) -> dict:
+    """Each process's median CPU microseconds per engine step, off and on."""
+    report = {}
+    for name in off.samples:
+        a = statistics.median(off.samples[name]) / steps * 1e6
+        b = statistics.median(on.samples[name]) / steps * 1e6
+        report[name] = {"off_us": a, "on_us": b, "added_us": b - a}
+    return report
 
 
 def pairs(first, second, n: int) -> list[float]:
@@ -120,17 +184,17 @@ def acceptance(llm) -> tuple[float, float]:
 
 def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal: float,
             max_iqr: float, support: bool = True, both_off: bool = False,
-            speculative: dict | None = None) -> list[dict]:
-    from vllm import LLM
+            speculative: dict | None = None, cpu: bool = False) -> list[dict]:
     common = dict(model=model, dtype="float32", max_model_len=512, enforce_eager=True,
                   seed=0, logprobs_mode="processed_logprobs",
                   kv_cache_memory_bytes=1 << 30, max_num_seqs=max(batches),
                   skip_tokenizer_init=True)
     if speculative is not None:
         common.update(speculative_config=speculative, disable_log_stats=False)
-    off = LLM(**common)
+    off, off_procs = new_engine(**common)
     # `both_off`: the protocol's own check, the second engine with the mask off too
-    on = LLM(**common) if both_off else LLM(**common, return_sampling_mask=True)
+    on, on_procs = new_engine(**common) if both_off else new_engine(
+        **common, return_sampling_mask=True)
     rows = []
     for batch in batches:
         prompts, params = workload(batch, max_tokens)
@@ -141,9 +205,12 @@ def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal:
         outs = on.generate(prompts[:1], params[:1], use_tqdm=False)
         assert (outs[0].outputs[0].sampling_mask is None) == both_off
         before = [acceptance(llm) for llm in (off, on)] if speculative else None
-        mask = pairs(lambda: timed(off, prompts, params), lambda: timed(on, prompts, params),
-                     n_pairs)
+        probes = (CpuProbe(off_procs), CpuProbe(on_procs)) if cpu else (None, None)
+        mask = pairs(lambda: timed(off, prompts, params, probes[0]),
+                     lambda: timed(on, prompts, params, probes[1]), n_pairs)
         row = {"batch": batch, "mask_on_vs_off": verdict(mask, goal, max_iqr)}
+        if cpu:   # the prefill gives the first token, each further step one more
+            row["cpu_per_step"] = cpu_per_step(*probes, max_tokens)
         if speculative:
             for name, llm, (accepted, drafted) in zip(("off", "on"), (off, on), before):
                 now = acceptance(llm)
@@ -154,7 +221,7 @@ def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal:
                       lambda: timed(on, prompts, with_logprobs), n_pairs), goal, max_iqr)
         rows.append(row)
         print(json.dumps({"batch": batch, **{k: {x: v[x] for x in ("median", "iqr", "status")}
-                                              if isinstance(v, dict) else v
+                                              if isinstance(v, dict) and "median" in v else v
                                               for k, v in row.items() if k != "batch"}}),
               flush=True)
     return rows
@@ -175,6 +242,8 @@ def main() -> None:
                          "ratio the order alone gives)")
     ap.add_argument("--speculative", choices=["ngram", "draft_model"], default=None,
                     help="both engines with speculative decoding (3 draft positions)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="also each process's CPU time per step, off and on")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args()
     if args.pairs < 4:
@@ -192,7 +261,7 @@ def main() -> None:
         report["models"][name] = measure(
             path, args.batches, args.pairs, args.max_tokens, args.goal, args.max_iqr,
             not args.no_support, args.both_off,
-            speculative_config(args.speculative, path, workdir))
+            speculative_config(args.speculative, path, workdir), args.cpu)
     report["load_after"] = os.getloadavg()
     print(f"\nV1 runner, vLLM {vllm.__version__}, {args.max_tokens} tokens, top_k 50, "
           f"top_p 0.95, speculative decoding {args.speculative or 'off'}, "
@@ -213,6 +282,9 @@ def main() -> None:
             accepted = (f" | acceptance off {row['acceptance_off']:.3f}, on "
                         f"{row['acceptance_on']:.3f}" if "acceptance_on" in row else "")
             print(f"{name:>12} {row['batch']:>5} | {cells[0]:>39} | {cells[1]:>39}{accepted}")
+            for process, cpu in row.get("cpu_per_step", {}).items():
+                print(f"{'':>12} {'':>5}   CPU per step, {process}: off {cpu['off_us']:.0f} us, "
+                      f"on {cpu['on_us']:.0f} us, added {cpu['added_us']:+.0f} us")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

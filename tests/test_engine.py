@@ -406,14 +406,17 @@ def _set_extraction_settings(worker, values):
 
 
 def test_a_row_the_mask_cannot_describe_ends_only_its_request(llm):
-    """Force wide rows with a single wide-row slot in the worker: a tie margin of
-    -15 makes the width top_k - 15 < top_k (so every row is unexpectedly wide)
-    and one spare slot lets only one row of each step through exactly."""
+    """Force wide rows with a single wide-row slot in the worker, which writes the
+    block a GPU step writes (`implementation="host"`; a CPU step's host form has
+    no width): a tie margin of -15 makes the width top_k - 15 < top_k (so every
+    row is unexpectedly wide) and one spare slot lets only one row of each step
+    through exactly."""
     params = [SamplingParams(temperature=1.0, top_k=20, max_tokens=6, ignore_eos=True,
                              seed=900 + i, extra_args=_ask(True)) for i in range(3)]
     clean = [o.outputs[0] for o in llm.generate(PROMPTS[:3], params)]
     (old,) = llm.collective_rpc(_set_extraction_settings,
-                                args=({"tie_margin": -15, "spare_wide_slots": 1},))
+                                args=({"tie_margin": -15, "spare_wide_slots": 1,
+                                       "implementation": "host"},))
     try:
         faulty = [o.outputs[0] for o in llm.generate(PROMPTS[:3], params)]
     finally:

@@ -17,6 +17,21 @@ from vllm_sampling_mask.worker.state import SamplingMaskState
 from vllm_sampling_mask.validation import MASK_ARG
 
 
+# The two forms a CPU host's state extracts into: the host form (the default for
+# CPU logits, `extraction.extract_on_host`) and the block the device paths write
+# (`implementation="host"`: numpy writing the block, as a CUDA step's is decoded).
+FORMS = {"host form": ExtractionSettings(),
+         "block": ExtractionSettings(implementation="host")}
+BLOCK = FORMS["block"]
+
+
+def asked_rows(mask) -> list[int]:
+    """The extracted rows (numbered as the mask's) that carry support logprobs."""
+    if mask.host is not None:
+        return np.flatnonzero(mask.host.asked).tolist()
+    return mask.support_logprobs.rows.tolist()
+
+
 class Params:
     def __init__(self, wants):
         self.extra_args = {MASK_ARG: wants}
@@ -82,11 +97,12 @@ def test_a_step_is_open_only_around_its_call_and_each_stage_names_its_hop():
     assert host.row(0).tolist() == [0, 1, 2, 3, 4] and host.row(1).tolist() == [7]
 
 
-def test_support_logprobs_need_the_capture_and_shadowing_hands_it_over():
+@pytest.mark.parametrize("form", FORMS)
+def test_support_logprobs_need_the_capture_and_shadowing_hands_it_over(form):
     """A plan whose rows asked makes a capture for exactly those batch rows; the
     sampler adapter shadows the call that holds the scaled logits for the length of
     its own call; extracting without a recorded capture names the hop."""
-    state = SamplingMaskState(4, 64)
+    state = SamplingMaskState(4, 64, FORMS[form])
     logits = _rows(64, [range(6), range(8), range(30, 34)])
     plan = plans.plan(np.array([True, False, True]), np.array([False, False, True]),
                       np.array([6, 8, 4]))
@@ -108,7 +124,7 @@ def test_support_logprobs_need_the_capture_and_shadowing_hands_it_over():
             sampler.apply_temperature(logits)
         assert "apply_temperature" not in vars(sampler)     # restored
         mask = step.extract("V1 Sampler.sample", logits)
-    assert mask.support_logprobs.rows.tolist() == [1]       # block rows: batch rows 0, 2
+    assert asked_rows(mask) == [1]       # extracted rows: batch rows 0, 2
     capture = ScaledCapture(np.array([0]))
     capture.record(logits)
     first = capture.scaled_top
@@ -117,8 +133,8 @@ def test_support_logprobs_need_the_capture_and_shadowing_hands_it_over():
 
 
 def test_profiling_is_the_worst_case_only_inside_and_settings_are_the_states():
-    state = SamplingMaskState(4, 64, settings=ExtractionSettings(tie_margin=-15,
-                                                                 spare_wide_slots=1))
+    state = SamplingMaskState(4, 64, settings=ExtractionSettings(
+        tie_margin=-15, spare_wide_slots=1, implementation="host"))
     assert not state.worst_case
     with pytest.raises(RuntimeError):
         with state.profiling():
@@ -135,7 +151,7 @@ def test_profiling_is_the_worst_case_only_inside_and_settings_are_the_states():
         worst = step.extract("V1 Sampler.sample", logits)
     assert worst.layout != normal.layout and state.open is None
     assert state.extractions == 1                # the profiling run is not served work
-    other = SamplingMaskState(4, 64).extract(served, logits)
+    other = SamplingMaskState(4, 64, BLOCK).extract(served, logits)
     assert other.layout != normal.layout          # the tie margin is the state's own
 
 
@@ -148,7 +164,8 @@ def _rows(vocab, finite):
     return logits
 
 
-def test_rows_whose_sample_is_discarded_are_not_extracted_and_decode_as_sampled_nothing():
+@pytest.mark.parametrize("form", FORMS)
+def test_rows_whose_sample_is_discarded_are_not_extracted_and_decode_as_sampled_nothing(form):
     """A partial prefill chunk's row (its sample discarded) that wants a mask is left
     out of the block: it does not widen the step (row 1 has no top-k and 40 ids),
     it is not counted as extracted, and the host form still has one entry per batch
@@ -160,15 +177,17 @@ def test_rows_whose_sample_is_discarded_are_not_extracted_and_decode_as_sampled_
     discarded = np.array([False, True, False, False, True])
     num_sampled = (~discarded).astype(np.int64)
 
-    state = SamplingMaskState(8, 64)
+    state = SamplingMaskState(8, 64, FORMS[form])
     no_asks = np.zeros(5, bool)
     mask = state.extract(plans.plan(wants, no_asks, top_k, discarded), logits)
     assert mask.rows.tolist() == [0, 3] and mask.idle.tolist() == [1, 4]
-    assert mask.layout.rows == 2 and mask.layout.width == 5 + 16 and mask.layout.slots == 2
+    assert mask.layout.rows == 2
+    if mask.host is None:   # the block is as wide as the extracted rows' top-k
+        assert mask.layout.width == 5 + 16 and mask.layout.slots == 2
     assert (state.extractions, state.extracted_rows, state.idle_rows) == (1, 2, 2)
     host = MaskCopy(mask, pool=None).result(num_sampled)
 
-    before = SamplingMaskState(8, 64)   # the runner reports nothing: every wanted row
+    before = SamplingMaskState(8, 64, FORMS[form])   # the runner reports nothing
     old = before.extract(plans.plan(wants, no_asks, top_k), logits)
     assert old.layout.rows == 4 and old.layout.width == 64 and old.idle is None
     assert before.extracted_rows == 4 and before.idle_rows == 0
@@ -200,7 +219,7 @@ def test_a_discarded_row_takes_no_wide_row_slot():
     """Ties make both rows wider than W = top_k; one spare slot. The discarded row
     (row 0, first in the batch) used to claim it, leaving the kept row without one:
     a per-request error for a row that really sampled."""
-    settings = ExtractionSettings(tie_margin=0, spare_wide_slots=1)
+    settings = ExtractionSettings(tie_margin=0, spare_wide_slots=1, implementation="host")
     logits = torch.full((2, 64), float("-inf"))
     logits[:, :10] = 0.0                               # 10 tied ids, top_k 5
     top_k, wants = np.array([5, 5]), np.ones(2, bool)
@@ -216,17 +235,18 @@ def test_a_discarded_row_takes_no_wide_row_slot():
     assert len(host.row(0)) == 0
 
 
-def test_discarded_rows_record_no_support_logprobs_and_profiling_extracts_every_row():
+@pytest.mark.parametrize("form", FORMS)
+def test_discarded_rows_record_no_support_logprobs_and_profiling_extracts_every_row(form):
     logits = _rows(64, [range(6), range(8), range(30, 34)])
     top_k, wants = np.array([6, 8, 4]), np.ones(3, bool)
     asked, discarded = np.ones(3, bool), np.array([False, True, False])
-    state = SamplingMaskState(4, 64)
+    state = SamplingMaskState(4, 64, FORMS[form])
     plan = plans.plan(wants, asked, top_k, discarded, normalise=True)
     assert plan.capture_rows.tolist() == [0, 2]               # the discarded row records nothing
     capture = ScaledCapture(plan.capture_rows)
     capture.record(logits)
     mask = state.extract(plan, logits, capture)
-    assert mask.support_logprobs.rows.tolist() == [0, 1]     # block rows: batch rows 0, 2
+    assert asked_rows(mask) == [0, 1]     # extracted rows: batch rows 0, 2
     host = MaskCopy(mask, pool=None).result(np.array([1, 0, 1]))
     assert host.asked(0) and host.asked(2) and not host.asked(1)
     assert len(host.log_kept) == len(host.counts) == 3
@@ -299,3 +319,77 @@ def test_a_part_of_a_step_captures_its_own_asked_rows():
     top = merged(6, parts, "test", "cpu")
     assert torch.allclose(top[[1, 4, 5]], torch.full((3,), -float(np.log(3))))
     assert top[[0, 2, 3]].tolist() == [0.0, 0.0, 0.0]
+
+
+def _step_case(seed: int):
+    """Random processed logprobs of a step with everything a host form must carry:
+    rows that want no mask, discarded rows, rows that emitted nothing, a row with
+    NaN logits, one with +inf, one with no finite logit, one wider than the size
+    limit, rows that asked for support logprobs and rows that did not."""
+    rng = np.random.default_rng(seed)
+    rows, vocab, max_size = 9, 96, 40
+    x = np.full((rows, vocab), -np.inf, dtype=np.float32)
+    for r in range(rows):
+        kept = rng.choice(vocab, size=int(rng.integers(1, 30)), replace=False)
+        x[r, kept] = rng.normal(size=len(kept))
+    x[1, :60] = rng.normal(size=60)                     # wider than the size limit
+    x[2, 5] = np.nan                                    # NaN reached the sampler
+    x[3, 7] = np.inf
+    x[4] = -np.inf                                      # nothing finite
+    logits = torch.log_softmax(torch.from_numpy(x), dim=1)
+    logits[2, 5], logits[3, 7] = float("nan"), float("inf")
+    wants = rng.random(rows) < 0.85
+    wants[[1, 2, 3, 4]] = True
+    asked = wants & (rng.random(rows) < 0.6)
+    asked[2] = True
+    discarded = rng.random(rows) < 0.15
+    discarded[[1, 2, 3, 4]] = False
+    num_sampled = (~discarded & (rng.random(rows) < 0.9)).astype(np.int64)
+    num_sampled[[1, 2, 3, 4]] = 1
+    top_k = np.where(rng.random(rows) < 0.5, 30, vocab)
+    return logits, wants, asked, top_k, discarded, num_sampled, max_size
+
+
+@pytest.mark.parametrize("normalise", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_the_host_form_carries_what_the_decoded_block_carries(seed, normalise):
+    """A CPU host's step extracted straight into the host form gives the same
+    `StepMasks` as the block decoded (ids, counts, the problems, support logprobs
+    and log S, idle rows, rows that emitted nothing), field by field."""
+    logits, wants, asked, top_k, discarded, num_sampled, max_size = _step_case(seed)
+    source = logits if not normalise else logits * 1.5    # processed logits
+    got = {}
+    for form, settings in FORMS.items():
+        state = SamplingMaskState(16, max_size, settings)
+        plan = plans.plan(wants, asked, top_k, discarded, normalise=normalise)
+        capture = ScaledCapture(plan.capture_rows) if len(plan.capture_rows) else None
+        if capture is not None:
+            capture.record(source * 0.5)                   # the scaled logits before the cut
+        mask = state.extract(plan, source, capture)
+        assert (mask.host is not None) == (form == "host form")
+        got[form] = MaskCopy(mask, pool=None).result(num_sampled)
+    host, block = got["host form"], got["block"]
+    assert host.row_of.tolist() == block.row_of.tolist()
+    assert host.counts.tolist() == block.counts.tolist()
+    assert host.idle == block.idle
+    checked = 0
+    for i in range(len(wants)):
+        assert host.wants(i) == block.wants(i)
+        if not host.wants(i):
+            continue
+        token = int(np.flatnonzero(np.isfinite(logits[i].numpy()))[:1].sum())
+        assert host.problem(i, token) == block.problem(i, token)
+        if host.problem(i, token) is None:
+            checked += 1
+            assert host.row(i).tolist() == block.row(i).tolist()
+        assert host.asked(i) == block.asked(i)
+        if host.asked(i) and host.problem(i, token) is None:
+            np.testing.assert_allclose(host.row_logprobs(i), block.row_logprobs(i),
+                                       rtol=0, atol=1e-6)
+            r, b = host.row_of[i], block.row_of[i]
+            np.testing.assert_allclose(host.log_kept[r], block.log_kept[b], rtol=0, atol=1e-6)
+    assert checked >= 2
+    tokens = [int(np.flatnonzero(np.isfinite(logits[i].numpy()))[:1].sum())
+              for i in np.flatnonzero(wants)]
+    np.testing.assert_array_equal(host.suspects(np.flatnonzero(wants), tokens),
+                                  block.suspects(np.flatnonzero(wants), tokens))

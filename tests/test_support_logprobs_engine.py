@@ -134,7 +134,9 @@ def _set_extraction_settings(worker, values):
 
 
 def test_wide_rows_carry_their_logprobs(llm, hf_model):
-    """A tie margin of -15 makes the block's width top_k - 15: every row is wider
+    """The worker writes the block a GPU step writes (`implementation="host"`; a
+    CPU step's host form has no width), and a tie margin of -15 makes the
+    block's width top_k - 15: every row is wider
     than the block and takes a wide-row slot; the ids past the width come from
     its bits, their logprobs from the slot's row. Same tokens, ids and values as
     with the ordinary layout."""
@@ -142,7 +144,8 @@ def test_wide_rows_carry_their_logprobs(llm, hf_model):
                             ignore_eos=True, extra_args=ASK)
     clean = llm.generate([PROMPTS[2]], [params])[0]
     (old,) = llm.collective_rpc(_set_extraction_settings,
-                                args=({"tie_margin": -15, "spare_wide_slots": 1},))
+                                args=({"tie_margin": -15, "spare_wide_slots": 1,
+                                       "implementation": "host"},))
     try:
         wide = llm.generate([PROMPTS[2]], [params])[0]
     finally:

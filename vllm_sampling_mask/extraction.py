@@ -82,6 +82,11 @@ class ExtractionSettings:
     # Logits per program of the Triton kernel (a power of two, >= 128). Tests
     # take a small one so a short row spans several chunks.
     kernel_chunk: int = 4096
+    # None: chosen for the logits (`extract_on_host` for CPU logits numpy reads,
+    # the kernel on CUDA with Triton, torch otherwise); "triton", "host" or
+    # "torch" write the block with that implementation (tests take "host" to
+    # run the block's wide-row slots in a CPU engine).
+    implementation: str | None = None
 
 
 DEFAULT_SETTINGS = ExtractionSettings()
@@ -164,6 +169,9 @@ class DeviceMask:
     # A verify step's rows per request (`StepPlan.request_rows`); None: a batch
     # row is a request.
     request_rows: np.ndarray | None = None
+    # On a CPU host (`extract_on_host`): the supports already in their host
+    # form; `block` is then empty and there is nothing to copy or decode.
+    host: "HostSupports | None" = None
 
     @property
     def n_idle(self) -> int:
@@ -212,7 +220,7 @@ def extract_support(processed_logits: torch.Tensor, layout: MaskLayout,
                          f"match the layout ({layout.rows}, {layout.vocab_size})")
     if implementation is None:
         implementation = ("triton" if triton is not None and processed_logits.is_cuda
-                          else "host" if _host_readable(processed_logits) else "torch")
+                          else "host" if host_readable(processed_logits) else "torch")
     device = processed_logits.device
     block = torch.empty(HEADER + layout.numel, dtype=torch.int32, device=device)
     # The header's first entry is the kernel's slot counter; the block proper
@@ -221,7 +229,7 @@ def extract_support(processed_logits: torch.Tensor, layout: MaskLayout,
         source = None if rows is None else host_index(rows, device, np.int32)
         _extract_triton(processed_logits, source, block, layout, settings.kernel_chunk)
     elif implementation == "host":
-        if not _host_readable(processed_logits):
+        if not host_readable(processed_logits):
             raise ValueError("extract_support: the host path reads float CPU tensors "
                              f"numpy can view, not {processed_logits.dtype} on "
                              f"{processed_logits.device}")
@@ -547,7 +555,7 @@ def _kept_indices(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 _HOST_DTYPES = (torch.float32, torch.float64, torch.float16)
 
 
-def _host_readable(logits: torch.Tensor) -> bool:
+def host_readable(logits: torch.Tensor) -> bool:
     return logits.device.type == "cpu" and logits.dtype in _HOST_DTYPES
 
 
@@ -585,6 +593,59 @@ def _extract_host(x: np.ndarray, rows: np.ndarray | None, block: np.ndarray,
         padded = np.zeros((slots, layout.words * 32), dtype=bool)
         padded[:, :vocab] = keep[wide[:slots]]
         bits[:slots] = np.packbits(padded, axis=1, bitorder="little").view(np.int32)
+
+
+@dataclass
+class HostSupports:
+    """One step's supports extracted on a CPU host, already in the host form
+    (`transport.StepMasks` takes them as they are: no block, no copy, no decode):
+    every extracted row's whole support, rows in order. A row wider than
+    `max_size` stores no ids (its request ends with an error; `counts` says how
+    wide it was). The support logprobs fields are filled by
+    `support_logprobs.on_host` for the rows that asked."""
+
+    counts: np.ndarray            # int32 [R], true support size
+    ids: np.ndarray               # int32, each row's stored ids ascending
+    offsets: np.ndarray           # int64 [R + 1]
+    values: np.ndarray            # the logits at `ids` (x's dtype)
+    asked: np.ndarray | None = None      # bool [R]: rows with support logprobs
+    logprobs: np.ndarray | None = None   # float32 aligned with `ids`, NaN unless asked
+    log_kept: np.ndarray | None = None   # float32 [R], NaN unless asked
+
+
+def extract_on_host(processed_logits: torch.Tensor, rows: np.ndarray | None,
+                    max_size: int) -> DeviceMask:
+    """The finite entries of the given rows of CPU `processed_logits` (None: all
+    rows) as a `DeviceMask` holding `HostSupports`: numpy over the logits' own
+    memory, one vocabulary-wide comparison and one `flatnonzero` for the whole
+    step, then work in the size of the supports only."""
+    batch_rows, vocab = processed_logits.shape
+    x = processed_logits.detach().numpy()
+    if rows is not None:
+        x = x[np.asarray(rows, dtype=np.int64)]
+    x = np.ascontiguousarray(x).reshape(-1)
+    flat = np.flatnonzero(x > -np.inf)          # NaN compares False
+    values = x[flat]
+    posinf = values == np.inf                   # +inf is not a finite logit
+    if posinf.any():
+        flat, values = flat[~posinf], values[~posinf]
+    row = flat // vocab
+    ids = (flat - row * vocab).astype(np.int32)
+    n = batch_rows if rows is None else len(rows)
+    counts = np.bincount(row, minlength=n).astype(np.int32)
+    over = counts > max_size
+    if over.any():                              # stored: none (an error, not a mask)
+        stored = ~over[row]
+        ids, values = ids[stored], values[stored]
+        counts_stored = np.where(over, 0, counts)
+    else:
+        counts_stored = counts
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts_stored, out=offsets[1:])
+    layout = MaskLayout(n, max(1, min(max_size, vocab)), 0, vocab, max_size)
+    return DeviceMask(block=torch.empty(0, dtype=torch.int32), layout=layout,
+                      batch_rows=batch_rows, rows=None if rows is None else np.asarray(rows),
+                      host=HostSupports(counts, ids, offsets, values))
 
 
 def _extract_torch(logits: torch.Tensor, rows: torch.Tensor | None, block: torch.Tensor,

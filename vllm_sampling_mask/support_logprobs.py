@@ -221,6 +221,44 @@ def _gather_on_host(processed: np.ndarray, mask: DeviceMask, block_rows: np.ndar
                                  torch.from_numpy(tail), block_rows)
 
 
+def on_host(mask: DeviceMask, asked: np.ndarray, scaled_top: torch.Tensor,
+            processed_logits: torch.Tensor, *, normalise: bool = False) -> None:
+    """`gather_support_logprobs` for a mask extracted on a CPU host
+    (`extraction.extract_on_host`): fills its `HostSupports`' support logprobs,
+    flat and aligned with its ids, for the extracted rows with `asked` true
+    (NaN in the others). The values are the logits the ids were read at
+    (processed logprobs), or, with `normalise` (processed logits), their
+    log-softmax over the row; log S = log p_max(scaled) - log p_max(processed)
+    as on the device, and NaN in a row whose logits hold a NaN (the mask path
+    then ends the request, as it does for the device's NaN)."""
+    host = mask.host
+    asked = np.asarray(asked, bool)
+    n = len(host.counts)
+    if len(asked) != n:
+        raise ValueError(f"support_logprobs.on_host: {len(asked)} asked flags for {n} rows")
+    block_rows = np.flatnonzero(asked)
+    source = _source_rows(mask, block_rows)
+    stored = np.diff(host.offsets)
+    owner = np.repeat(np.arange(n), stored)
+    picked = asked[owner]
+    logprobs = np.full(len(host.ids), np.nan, dtype=np.float32)
+    log_kept = np.full(n, np.nan, dtype=np.float32)
+    if len(source):
+        rows = processed_logits.detach().numpy()[source]                  # [A, V]
+        if normalise:   # the asked rows' log-softmax, and log p_max, as on the device
+            rows = torch.from_numpy(rows).float()
+            top = (-torch.logsumexp(rows - rows.amax(dim=1, keepdim=True), dim=1)).numpy()
+            normalised = rows.log_softmax(dim=1).numpy()
+            local = np.zeros(n, dtype=np.int64)
+            local[block_rows] = np.arange(len(block_rows))
+            logprobs[picked] = normalised[local[owner[picked]], host.ids[picked]]
+        else:           # processed logprobs: log p_max is the row's largest
+            logprobs[picked] = host.values[picked]
+            top = rows.max(axis=1)
+        log_kept[block_rows] = np.minimum(scaled_top.numpy()[source] - top, 0.0)
+    host.asked, host.logprobs, host.log_kept = asked, logprobs, log_kept
+
+
 def align_row(values: np.ndarray, tail: np.ndarray, count: int, slot: int,
               support: np.ndarray) -> np.ndarray:
     """On the host: the float32 logprobs of one row's decoded `support` (ascending

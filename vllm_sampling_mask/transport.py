@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vllm_sampling_mask.extraction import NO_SLOT, DeviceMask, MaskLayout
+from vllm_sampling_mask.extraction import NO_SLOT, DeviceMask, HostSupports, MaskLayout
 
 
 class PinnedPool:
@@ -240,18 +240,9 @@ def decode(block: np.ndarray, layout: MaskLayout, row_of: np.ndarray,
     meta, ids, bits = layout.views(block)
     counts = np.zeros(layout.rows + idle, dtype=np.int32)
     counts[: layout.rows] = meta[:, 0]
-    first_row = None
-    if request_rows is not None:
-        first_row = np.zeros(len(request_rows), dtype=np.int64)
-        np.cumsum(request_rows[:-1], out=first_row[1:])
+    first_row = None if request_rows is None else _first_rows(request_rows)
     if num_sampled is not None:
-        sampled = np.asarray(num_sampled, dtype=np.int64)
-        if request_rows is None:
-            emitted = sampled[: len(row_of)] > 0
-        else:   # position k of request i emitted a token when k < num_sampled[i]
-            position = np.arange(len(row_of)) - np.repeat(first_row, request_rows)
-            emitted = position < np.repeat(sampled[: len(request_rows)], request_rows)
-        counts[row_of[(row_of >= 0) & ~emitted]] = 0
+        counts[_silent_rows(row_of, num_sampled, first_row, request_rows)] = 0
     wide, lost = {}, set()
     over = counts > layout.width
     if over.any():   # rare: ties past W, or a support over the size limit
@@ -287,6 +278,65 @@ def decode(block: np.ndarray, layout: MaskLayout, row_of: np.ndarray,
     return StepMasks(row_of=row_of, counts=counts, ids=np.ascontiguousarray(flat, np.int32),
                      offsets=offsets, width=layout.width, wide=frozenset(wide),
                      lost=frozenset(lost),
+                     max_size=layout.max_size, asked_rows=asked_rows, logprobs=logprobs,
+                     log_kept=log_kept, idle=idle, first_row=first_row)
+
+
+def _first_rows(request_rows: np.ndarray) -> np.ndarray:
+    """The batch row of each request's first position in a verify step."""
+    first_row = np.zeros(len(request_rows), dtype=np.int64)
+    np.cumsum(request_rows[:-1], out=first_row[1:])
+    return first_row
+
+
+def _silent_rows(row_of: np.ndarray, num_sampled, first_row, request_rows) -> np.ndarray:
+    """The host rows at which no token was emitted (see `decode`)."""
+    sampled = np.asarray(num_sampled, dtype=np.int64)
+    if request_rows is None:
+        emitted = sampled[: len(row_of)] > 0
+    else:   # position k of request i emitted a token when k < num_sampled[i]
+        position = np.arange(len(row_of)) - np.repeat(first_row, request_rows)
+        emitted = position < np.repeat(sampled[: len(request_rows)], request_rows)
+    return row_of[(row_of >= 0) & ~emitted]
+
+
+def decode_host(host: HostSupports, layout: MaskLayout, row_of: np.ndarray,
+                num_sampled=None, idle: int = 0,
+                request_rows: np.ndarray | None = None) -> StepMasks:
+    """`decode` for supports extracted on a CPU host (`extraction.extract_on_host`):
+    they already are flat, so this only appends the idle rows and empties the
+    rows at which no token was emitted (see `decode`)."""
+    n = len(host.counts)
+    counts = np.zeros(n + idle, dtype=np.int32)
+    counts[:n] = host.counts
+    ids, logprobs, offsets = host.ids, host.logprobs, host.offsets
+    first_row = None if request_rows is None else _first_rows(request_rows)
+    if num_sampled is not None:
+        silent = _silent_rows(row_of, num_sampled, first_row, request_rows)
+        counts[silent] = 0
+        silent = silent[silent < n]
+        stored = np.diff(offsets)
+        if stored[silent].any():    # under speculative decoding: drop their ids
+            dropped = np.zeros(n, dtype=bool)
+            dropped[silent] = True
+            keep = ~np.repeat(dropped, stored)
+            ids = ids[keep]
+            logprobs = None if logprobs is None else logprobs[keep]
+            stored[silent] = 0
+            offsets = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(stored, out=offsets[1:])
+    if idle:
+        offsets = np.concatenate([offsets, np.full(idle, offsets[-1], dtype=np.int64)])
+    asked_rows = log_kept = None
+    if host.asked is not None and host.asked.any():
+        asked_rows = np.zeros(n + idle, dtype=bool)
+        asked_rows[:n] = host.asked
+        log_kept = np.full(n + idle, np.nan, dtype=np.float32)
+        log_kept[:n] = host.log_kept
+    else:
+        logprobs = None
+    return StepMasks(row_of=row_of, counts=counts, ids=ids, offsets=offsets,
+                     width=layout.width, wide=frozenset(), lost=frozenset(),
                      max_size=layout.max_size, asked_rows=asked_rows, logprobs=logprobs,
                      log_kept=log_kept, idle=idle, first_row=first_row)
 
@@ -331,6 +381,9 @@ class MaskCopy:
         self.idle = mask.n_idle
         self.request_rows = mask.request_rows
         self._event = None
+        self._host_form = mask.host
+        if mask.host is not None:   # extracted on a CPU host: nothing to copy
+            return
         # Referenced until `result`: the copy below reads it on another stream.
         self._device_block = mask.block
         self._pool = pool
@@ -358,6 +411,10 @@ class MaskCopy:
 
     def result(self, num_sampled=None) -> StepMasks:
         """Decode the copy: host work only, after the copy has completed."""
+        if self._host_form is not None:
+            host, self._host_form = self._host_form, None
+            return decode_host(host, self.layout, self.row_of, num_sampled, self.idle,
+                               self.request_rows)
         if self._event is not None:
             self._event.synchronize()
         host = None

@@ -35,10 +35,13 @@ from vllm_sampling_mask.extraction import (
     DEFAULT_SETTINGS,
     DeviceMask,
     ExtractionSettings,
+    extract_on_host,
     extract_support,
+    host_readable,
     no_rows,
     plan_layout,
 )
+from vllm_sampling_mask import support_logprobs
 from vllm_sampling_mask.support_logprobs import gather_support_logprobs
 from vllm_sampling_mask.transport import PinnedPool
 from vllm_sampling_mask.worker import plan as plans
@@ -117,10 +120,17 @@ class SamplingMaskState:
         batch_rows, vocab = processed_logits.shape
         if plan.n_rows == 0:
             mask = no_rows(batch_rows, processed_logits.device)
+        elif self.settings.implementation is None and host_readable(processed_logits):
+            mask = extract_on_host(processed_logits, plan.rows, self.max_size)
+            if capture is not None:
+                support_logprobs.on_host(mask, plan.asked, capture.result(hop),
+                                         processed_logits, normalise=plan.normalise)
         else:
             layout = plan_layout(plan.top_k, vocab, max_size=self.max_size,
                                  worst_case=plan.worst_case, settings=self.settings)
-            mask = extract_support(processed_logits, layout, plan.rows, settings=self.settings)
+            mask = extract_support(processed_logits, layout, plan.rows,
+                                   implementation=self.settings.implementation,
+                                   settings=self.settings)
             if capture is not None:
                 mask.support_logprobs = gather_support_logprobs(
                     processed_logits, None, mask, plan.asked, scaled_top=capture.result(hop),
