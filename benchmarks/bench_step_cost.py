@@ -19,10 +19,11 @@ The protocol the step-cost goal is judged by (docs/sampling_mask.md, "Cost"):
   time of the worker process (the model, the sampler: plan, extraction, the host
   form, pickling the step's output), of the engine-core process (unpickling it,
   the scheduler: checking and slicing per request, encoding) and of the client
-  process (decoding, the output processor, `LLM`'s outputs), each arm's median
-  over its calls, and the difference on - off. On this machine the two processes share two cores and
-  torch's threads wait for each other at every parallel region, so a client's
-  CPU time costs the engine step time too.
+  process (decoding, the output processor, `LLM`'s outputs), each arm's mean
+  over its calls, and the difference on - off. On this machine the processes
+  share two cores (the engine core polls for the worker's output, so its CPU time
+  is about the wall time) and torch's threads wait for each other at every
+  parallel region, so the client's CPU time costs step time too.
 
     python benchmarks/bench_step_cost.py
     python benchmarks/bench_step_cost.py --models demo --batches 32 --pairs 9
@@ -138,11 +139,12 @@ def new_engine(**kwargs):
 
 
 def cpu_per_step(off: CpuProbe, on: CpuProbe, steps: int) -> dict:
-    """Each process's median CPU microseconds per engine step, off and on."""
+    """Each process's CPU microseconds per engine step, off and on: the mean over
+    the calls (the kernel counts CPU time in ticks of 10 ms, a few per call)."""
     report = {}
     for name in off.samples:
-        a = statistics.median(off.samples[name]) / steps * 1e6
-        b = statistics.median(on.samples[name]) / steps * 1e6
+        a = statistics.fmean(off.samples[name]) / steps * 1e6
+        b = statistics.fmean(on.samples[name]) / steps * 1e6
         report[name] = {"off_us": a, "on_us": b, "added_us": b - a}
     return report
 
