@@ -31,6 +31,12 @@ is at most `R x (N + 3)` int32 plus the spare slots' `V / 8` bytes each (and,
 on the Triton path, a scratch of `R x V / 8` bytes of packed bits plus one
 int32 per 4096 logits, freed when the step's launches are done with it).
 
+On a CPU host the state skips the block: `extract_on_host` reads the logits
+with numpy straight into the host form (`HostSupports`: each row's whole
+support back to back, as `transport.StepMasks` holds it), with nothing to size,
+copy or decode; `ExtractionSettings.implementation` picks a block writer
+instead.
+
 Three implementations write the same block: the Triton kernel (two launches,
 `_chunk_pass` and `_place_pass`, each program one chunk of one row; each logit
 read once; the only temporary a packed `[R, V / 8]`-byte bitmap);
