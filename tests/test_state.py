@@ -393,3 +393,83 @@ def test_the_host_form_carries_what_the_decoded_block_carries(seed, normalise):
               for i in np.flatnonzero(wants)]
     np.testing.assert_array_equal(host.suspects(np.flatnonzero(wants), tokens),
                                   block.suspects(np.flatnonzero(wants), tokens))
+
+
+def _drawn_case(seed):
+    """A `_step_case` step with the sampler's tokens handed over: each row's token
+    in its support or, now and then, outside it; extracted on the host form."""
+    logits, wants, asked, top_k, discarded, num_sampled, max_size = _step_case(seed)
+    wants[5], discarded[5], num_sampled[5] = True, False, 1    # one row surely fine
+    # and one whose support is fine but whose support logprobs are NaN
+    wants[6], asked[6], discarded[6], num_sampled[6] = True, True, False, 1
+    rng = np.random.default_rng(seed + 100)
+    sampled = np.zeros(len(wants), dtype=np.int64)
+    for i in range(len(wants)):
+        finite = np.flatnonzero(np.isfinite(logits[i].numpy()))
+        inside = len(finite) and (i in (5, 6) or rng.random() < 0.8)
+        sampled[i] = rng.choice(finite) if inside else rng.integers(logits.shape[1])
+    state = SamplingMaskState(16, max_size)
+    plan = plans.plan(wants, asked, top_k, discarded)
+    capture = ScaledCapture(plan.capture_rows)
+    scaled = logits * 0.5
+    scaled[6, int(sampled[6])] = float("nan")       # NaN in the scaled logits only
+    capture.record(scaled)
+    mask = state.extract(plan, logits, capture, sampled=torch.from_numpy(sampled))
+    return MaskCopy(mask, pool=None).result(num_sampled), wants, sampled
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_drawn_holds_a_rows_token_exactly_where_problem_has_nothing_to_say(seed):
+    """The scheduler takes a kept token equal to its row's `drawn` with no other
+    check, so `drawn` holds the row's token exactly where `problem` says nothing
+    about that token (rows over the size limit, NaN and +inf logits, no finite
+    logit, discarded rows, rows that emitted nothing, NaN support logprobs: -1)."""
+    masks, wants, sampled = _drawn_case(seed)
+    assert masks.drawn is not None and len(masks.drawn) == len(masks.counts)
+    seen = set()
+    for i in np.flatnonzero(wants):
+        fine = masks.problem(i, int(sampled[i])) is None
+        assert (masks.drawn[masks.row_of[i]] == sampled[i]) == fine, i
+        seen.add(fine)
+    assert seen == {True, False}
+
+
+def test_the_block_form_and_a_sampler_without_tokens_leave_drawn_to_the_full_check():
+    logits, wants, asked, top_k, discarded, num_sampled, max_size = _step_case(0)
+    plan = plans.plan(wants, np.zeros_like(asked), top_k, discarded)
+    sampled = torch.zeros(len(wants), dtype=torch.int64)
+    block = SamplingMaskState(16, max_size, BLOCK).extract(plan, logits, sampled=sampled)
+    host = SamplingMaskState(16, max_size).extract(plan, logits)
+    for mask in (block, host):
+        assert MaskCopy(mask, pool=None).result(num_sampled).drawn is None
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_schedulers_quick_check_attaches_what_the_full_check_attaches(seed):
+    """Per output, `_attach` with `drawn` (one comparison for a token its row was
+    checked against, the full check for the others) gives the same bytes and
+    the same problems as the full check alone, including outputs whose kept
+    token is not the one their row drew."""
+    from vllm.logger import init_logger
+
+    from vllm_sampling_mask.patches.feature.scheduler import _attach
+    from vllm_sampling_mask.wire import MaskedEngineCoreOutput
+
+    masks, wants, sampled = _drawn_case(seed)
+    rng = np.random.default_rng(seed)
+    kept = [[int(t)] if rng.random() < 0.8 else [int(rng.integers(96))] for t in sampled]
+    kept[int(np.flatnonzero(wants)[0])] = [int(sampled[np.flatnonzero(wants)[0]]), 3]
+    kept[5] = [int(sampled[5])]                         # its row is fine (`_drawn_case`)
+    index = {f"r{i}": i for i in range(len(wants))}
+    results = []
+    for drawn in (masks.drawn, None):
+        masks.drawn = drawn
+        outs = [MaskedEngineCoreOutput(request_id=f"r{i}", new_token_ids=list(kept[i]))
+                for i in range(len(wants))]
+        problems = _attach(outs, masks, index, init_logger("test"))
+        results.append(([(o.request_id, o.sampling_mask_ids, o.sampling_mask_counts,
+                          o.sampling_mask_logprobs, o.sampling_mask_log_kept) for o in outs],
+                         sorted((o.request_id, p) for o, p in problems)))
+    assert results[0] == results[1]
+    attached = [o for o in results[0][0] if o[1] is not None]
+    assert attached and results[0][1]

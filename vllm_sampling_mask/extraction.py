@@ -186,6 +186,8 @@ class DeviceMask:
     def row_of(self) -> np.ndarray:
         """For each batch row, its row in the host form: the block's rows first,
         then the idle rows (`layout.rows + i`); -1 for no mask wanted."""
+        if self.rows is None and not self.n_idle:
+            return np.arange(self.batch_rows, dtype=np.int64)
         row_of = np.full(self.batch_rows, -1, dtype=np.int64)
         if self.rows is None:
             row_of[:] = np.arange(self.batch_rows)
@@ -613,45 +615,59 @@ class HostSupports:
     counts: np.ndarray            # int32 [R], true support size
     ids: np.ndarray               # int32, each row's stored ids ascending
     offsets: np.ndarray           # int64 [R + 1]
-    values: np.ndarray            # the logits at `ids` (x's dtype)
+    values: np.ndarray | None     # the logits at `ids` (x's dtype); None: not read
+    # int64 [R]: the token each row drew where its support describes that draw
+    # (the token's logit is finite and the row within the size limit), else -1;
+    # None when the sampler's tokens were not handed over (see `StepMasks.drawn`)
+    drawn: np.ndarray | None = None
     asked: np.ndarray | None = None      # bool [R]: rows with support logprobs
     logprobs: np.ndarray | None = None   # float32 aligned with `ids`, NaN unless asked
     log_kept: np.ndarray | None = None   # float32 [R], NaN unless asked
 
 
+_NO_BLOCK = torch.empty(0, dtype=torch.int32)   # a host form's (never written)
+
+
 def extract_on_host(processed_logits: torch.Tensor, rows: np.ndarray | None,
-                    max_size: int) -> DeviceMask:
+                    max_size: int, sampled: torch.Tensor | None = None, *,
+                    values: bool = True) -> DeviceMask:
     """The finite entries of the given rows of CPU `processed_logits` (None: all
     rows) as a `DeviceMask` holding `HostSupports`: numpy over the logits' own
-    memory, one vocabulary-wide comparison and one `flatnonzero` for the whole
-    step, then work in the size of the supports only."""
+    memory, one vocabulary-wide test and one `flatnonzero` for the whole step,
+    then work in the size of the supports only. With `sampled` (the sampler's
+    token per batch row) it also says, per row, whether the support describes
+    the draw (`HostSupports.drawn`); `values`: read the logits at the ids (what
+    support logprobs are made of). Every operation counts: on a busy host each
+    costs several microseconds (docs/sampling_mask.md, "Cost")."""
     batch_rows, vocab = processed_logits.shape
     x = processed_logits.detach().numpy()
     if rows is not None:
-        x = x[np.asarray(rows, dtype=np.int64)]
-    x = np.ascontiguousarray(x).reshape(-1)
-    flat = np.flatnonzero(x > -np.inf)          # NaN compares False
-    values = x[flat]
-    posinf = values == np.inf                   # +inf is not a finite logit
-    if posinf.any():
-        flat, values = flat[~posinf], values[~posinf]
-    row = flat // vocab
-    ids = (flat - row * vocab).astype(np.int32)
-    n = batch_rows if rows is None else len(rows)
-    counts = np.bincount(row, minlength=n).astype(np.int32)
-    over = counts > max_size
-    if over.any():                              # stored: none (an error, not a mask)
-        stored = ~over[row]
-        ids, values = ids[stored], values[stored]
-        counts_stored = np.where(over, 0, counts)
-    else:
-        counts_stored = counts
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts_stored, out=offsets[1:])
+        rows = np.asarray(rows, dtype=np.int64)
+        x = x.take(rows, axis=0)
+    n = len(x)
+    flat = np.flatnonzero(np.isfinite(x))       # NaN and +inf are not finite logits
+    offsets = np.searchsorted(flat, np.arange(0, (n + 1) * vocab, vocab))
+    counts = np.diff(offsets).astype(np.int32)
+    ids = (flat % vocab).astype(np.int32)
+    read = x.reshape(-1).take(flat) if values else None
+    drawn = None
+    if sampled is not None:
+        tokens = sampled.detach().numpy().reshape(-1)
+        if rows is not None:
+            tokens = tokens.take(rows)
+        drawn = np.where(np.isfinite(x[np.arange(n), tokens]), tokens, -1)
+    if counts.max(initial=0) > max_size:        # stored: none (an error, not a mask)
+        over = counts > max_size
+        stored = ~np.repeat(over, counts)
+        ids = ids[stored]
+        read = None if read is None else read[stored]
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.where(over, 0, counts), out=offsets[1:])
+        if drawn is not None:
+            drawn[over] = -1
     layout = MaskLayout(n, max(1, min(max_size, vocab)), 0, vocab, max_size)
-    return DeviceMask(block=torch.empty(0, dtype=torch.int32), layout=layout,
-                      batch_rows=batch_rows, rows=None if rows is None else np.asarray(rows),
-                      host=HostSupports(counts, ids, offsets, values))
+    return DeviceMask(block=_NO_BLOCK, layout=layout, batch_rows=batch_rows, rows=rows,
+                      host=HostSupports(counts, ids, offsets, read, drawn))
 
 
 def _extract_torch(logits: torch.Tensor, rows: torch.Tensor | None, block: torch.Tensor,

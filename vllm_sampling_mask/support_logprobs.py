@@ -227,7 +227,8 @@ def on_host(mask: DeviceMask, asked: np.ndarray, scaled_top: torch.Tensor,
     (processed logprobs), or, with `normalise` (processed logits), their
     log-softmax over the row; log S = log p_max(scaled) - log p_max(processed)
     as on the device, and NaN in a row whose logits hold a NaN (the mask path
-    then ends the request, as it does for the device's NaN)."""
+    then ends the request, as it does for the device's NaN: such a row's
+    `HostSupports.drawn` becomes -1)."""
     host = mask.host
     asked = np.asarray(asked, bool)
     n = len(host.counts)
@@ -255,6 +256,12 @@ def on_host(mask: DeviceMask, asked: np.ndarray, scaled_top: torch.Tensor,
             top = rows.max(axis=1)
         log_kept[block_rows] = np.minimum(scaled_top.numpy()[source] - top, 0.0)
     host.asked, host.logprobs, host.log_kept = asked, logprobs, log_kept
+    if host.drawn is not None:   # NaN support logprobs describe no draw
+        bad = asked & np.isnan(log_kept)
+        nan_ids = picked & np.isnan(logprobs)
+        if nan_ids.any():
+            bad |= np.bincount(owner[nan_ids], minlength=n) > 0
+        host.drawn[bad] = -1
 
 
 def align_row(values: np.ndarray, tail: np.ndarray, count: int, slot: int,

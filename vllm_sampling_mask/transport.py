@@ -98,6 +98,12 @@ class StepMasks:
     # row of each request's first position; its k-th emitted token's support is
     # batch row first_row[i] + k. None: batch row i is request i's one row.
     first_row: np.ndarray | None = None
+    # [R + idle] int64, on a CPU host whose sampler handed its tokens over (the V1
+    # runner without speculative decoding): the token each row drew where
+    # `problem` has nothing to say about that draw, else -1. A kept token equal
+    # to its row's `drawn` is then checked by one comparison (`WireRows.drawn`);
+    # any other goes through `problem`. None: check every token (`suspects`).
+    drawn: np.ndarray | None = None
 
     def rows(self, request: int, n: int) -> np.ndarray:
         """The batch rows of the first `n` tokens request `request` emitted."""
@@ -191,7 +197,9 @@ class WireRows:
     byte slices (no per-request array, no per-request encoder hook)."""
 
     def __init__(self, masks: StepMasks) -> None:
-        self._row_of = masks.row_of.tolist()
+        self.row_of = masks.row_of.tolist()
+        # per host row, the token its support was checked against (-1: none)
+        self.drawn = None if masks.drawn is None else masks.drawn.tolist()
         self._offsets = masks.offsets.tolist()
         self._ids = masks.ids.astype("<i4", copy=False).tobytes()
         self._counts = masks.counts.astype("<i4", copy=False).tobytes()
@@ -206,7 +214,7 @@ class WireRows:
         from `batch_row` on (one request's emitted tokens: its rows are
         consecutive, and so are their host rows), logprobs and log_kept None
         unless it asked."""
-        r = self._row_of[batch_row]
+        r = self.row_of[batch_row]
         a, b = 4 * self._offsets[r], 4 * self._offsets[r + n]
         ids, counts = self._ids[a:b], self._counts[4 * r: 4 * (r + n)]
         if self._asked is None or not self._asked[r]:
@@ -305,16 +313,20 @@ def decode_host(host: HostSupports, layout: MaskLayout, row_of: np.ndarray,
                 request_rows: np.ndarray | None = None) -> StepMasks:
     """`decode` for supports extracted on a CPU host (`extraction.extract_on_host`):
     they already are flat, so this only appends the idle rows and empties the
-    rows at which no token was emitted (see `decode`)."""
+    rows at which no token was emitted (see `decode`). A step in which every
+    row emitted a token (most) takes the arrays as they are."""
     n = len(host.counts)
-    counts = np.zeros(n + idle, dtype=np.int32)
-    counts[:n] = host.counts
-    ids, logprobs, offsets = host.ids, host.logprobs, host.offsets
+    counts, ids, logprobs, offsets, drawn = (host.counts, host.ids, host.logprobs,
+                                             host.offsets, host.drawn)
     first_row = None if request_rows is None else _first_rows(request_rows)
-    if num_sampled is not None:
+    if num_sampled is not None and not (request_rows is None and all(num_sampled)):
         silent = _silent_rows(row_of, num_sampled, first_row, request_rows)
+        silent = silent[silent < n]     # the idle rows hold nothing already
+        counts = counts.copy()
         counts[silent] = 0
-        silent = silent[silent < n]
+        if drawn is not None:
+            drawn = drawn.copy()
+            drawn[silent] = -1
         stored = np.diff(offsets)
         if stored[silent].any():    # under speculative decoding: drop their ids
             dropped = np.zeros(n, dtype=bool)
@@ -326,7 +338,10 @@ def decode_host(host: HostSupports, layout: MaskLayout, row_of: np.ndarray,
             offsets = np.zeros(n + 1, dtype=np.int64)
             np.cumsum(stored, out=offsets[1:])
     if idle:
+        counts = np.concatenate([counts, np.zeros(idle, dtype=np.int32)])
         offsets = np.concatenate([offsets, np.full(idle, offsets[-1], dtype=np.int64)])
+        if drawn is not None:
+            drawn = np.concatenate([drawn, np.full(idle, -1, dtype=drawn.dtype)])
     asked_rows = log_kept = None
     if host.asked is not None and host.asked.any():
         asked_rows = np.zeros(n + idle, dtype=bool)
@@ -338,7 +353,7 @@ def decode_host(host: HostSupports, layout: MaskLayout, row_of: np.ndarray,
     return StepMasks(row_of=row_of, counts=counts, ids=ids, offsets=offsets,
                      width=layout.width, wide=frozenset(), lost=frozenset(),
                      max_size=layout.max_size, asked_rows=asked_rows, logprobs=logprobs,
-                     log_kept=log_kept, idle=idle, first_row=first_row)
+                     log_kept=log_kept, idle=idle, first_row=first_row, drawn=drawn)
 
 
 def _align_logprobs(host, layout: MaskLayout, meta, n_rows, stored, offsets, wide):

@@ -52,8 +52,12 @@ def plan(wants: np.ndarray, asked: np.ndarray, top_k: np.ndarray,
     `asked` for support logprobs, `top_k`, and `discarded` (the runner drops the
     row's sample). Vectorised: no loop over rows."""
     wants = np.asarray(wants, dtype=bool)
-    keep = wants if discarded is None else wants & ~np.asarray(discarded, dtype=bool)
-    idle = _NONE if discarded is None else np.flatnonzero(wants & ~keep)
+    discarded = None if discarded is None else np.asarray(discarded, dtype=bool)
+    if discarded is None or not discarded.any():    # most steps: no partial prefill
+        keep, idle = wants, _NONE
+    else:
+        keep = wants & ~discarded
+        idle = np.flatnonzero(wants & discarded)
     rows = None if keep.all() else np.flatnonzero(keep)
     top_k = np.asarray(top_k)
     asked = np.asarray(asked, dtype=bool)

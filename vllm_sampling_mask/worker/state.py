@@ -112,16 +112,21 @@ class SamplingMaskState:
     # -- extraction -------------------------------------------------------
 
     def extract(self, plan: StepPlan, processed_logits, capture: ScaledCapture | None = None,
-                *, hop: str = "SamplingMaskState.extract") -> DeviceMask:
+                *, hop: str = "SamplingMaskState.extract", sampled=None) -> DeviceMask:
         """The plan's rows of `processed_logits` (what the sampler drew from) as one
         step's `DeviceMask`, with the support logprobs of the rows that asked
         (from the scaled top logprob `capture` recorded; `plan.normalise`: the
-        logits are not logprobs yet). The idle rows ride on it (`DeviceMask.idle`)."""
+        logits are not logprobs yet). The idle rows ride on it (`DeviceMask.idle`).
+        `sampled`, the sampler's token per batch row where the caller has it (the
+        V1 sampler): on a CPU host the extraction then also says which rows'
+        supports describe their draw, so the scheduler checks a kept token by one
+        comparison (`StepMasks.drawn`)."""
         batch_rows, vocab = processed_logits.shape
         if plan.n_rows == 0:
             mask = no_rows(batch_rows, processed_logits.device)
         elif self.settings.implementation is None and host_readable(processed_logits):
-            mask = extract_on_host(processed_logits, plan.rows, self.max_size)
+            mask = extract_on_host(processed_logits, plan.rows, self.max_size, sampled,
+                                   values=capture is not None)
             if capture is not None:
                 support_logprobs.on_host(mask, plan.asked, capture.result(hop),
                                          processed_logits, normalise=plan.normalise)

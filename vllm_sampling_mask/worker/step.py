@@ -27,8 +27,8 @@ from vllm_sampling_mask.worker import plan as plans
 from vllm_sampling_mask.worker.capture import ScaledCapture
 from vllm_sampling_mask.worker.plan import StepPlan
 
-# (plan, processed logits, capture, hop) -> the step's mask: the state's `extract`
-# (or, for one part of a verify step, a keeper of the logits that returns None)
+# (plan, processed logits, capture, hop=, sampled=) -> the step's mask: the state's
+# `extract` (or, for one part of a verify step, a keeper of the logits that returns None)
 Extractor = Callable[..., DeviceMask | None]
 
 
@@ -72,11 +72,13 @@ class MaskStep:
         self.capture = ScaledCapture(rows) if len(rows) else None
         return self.plan
 
-    def extract(self, hop: str, processed_logits) -> DeviceMask:
-        """The step's mask from the logits the sampler drew from."""
+    def extract(self, hop: str, processed_logits, sampled=None) -> DeviceMask:
+        """The step's mask from the logits the sampler drew from (and, where the
+        sampler has them, the tokens it drew: `SamplingMaskState.extract`)."""
         if self.plan is None:
             raise MissingSamplingMaskError(hop, "the step has no plan")
-        self.mask = self._extract(self.plan, processed_logits, self.capture, hop=hop)
+        self.mask = self._extract(self.plan, processed_logits, self.capture, hop=hop,
+                                  sampled=sampled)
         return self.mask
 
     def result(self, hop: str) -> DeviceMask:

@@ -65,7 +65,7 @@ def apply(module, release: Release) -> None:
         draft_rows = np.flatnonzero(~is_bonus)
         kept = {}
 
-        def keep(part_plan, processed, capture, hop):
+        def keep(part_plan, processed, capture, hop, sampled=None):
             kept["bonus"] = processed
             kept["bonus capture"] = capture
             return None

@@ -68,5 +68,5 @@ def apply(module, release: Release) -> None:
                     "some request wants a mask")
             step.mask = no_rows(rows, sampled.device)
         else:
-            step.extract(HOP, processed_logprobs)
+            step.extract(HOP, processed_logprobs, sampled)
         return sampled, processed_logprobs

@@ -7,8 +7,11 @@ What: in `vllm/v1/core/sched/scheduler.py`, makes the scheduler build
     output of a request that wants a mask gets the support of exactly the
     token it kept (others get none), as byte slices of the step's flat arrays
     (`transport.WireRows`: the arrays turn to bytes once a step; raw bytes cost
-    the engine core's encoder nothing per output). The step's rows are checked
-    at once (`StepMasks.suspects`); only a suspect row is looked at alone. A row that cannot
+    the engine core's encoder nothing per output). Where the worker checked
+    each row against the token it drew (`StepMasks.drawn`: the V1 sampler on a
+    CPU host), an output whose kept token is that token needs one comparison;
+    the other outputs' rows are checked at once (`StepMasks.suspects`); only a
+    suspect row is looked at alone. A row that cannot
     describe its draw exactly (a wide row that found no slot, an empty
     support, a sampled token outside its support, more than one token, or
     anything unexpected) ends *that request* with finish reason ERROR and
@@ -104,14 +107,45 @@ def _attach(outs: list, masks, index: dict, logger) -> list:
     """Put, on each output (with tokens) of a request that wants a mask, the bytes
     of the rows of the tokens it kept (one row per token: under speculative
     decoding a request keeps up to its draft positions plus one); return
-    (output, problem) for those whose rows cannot describe their draws. The
-    checks run over every kept token of the step at once (`StepMasks.suspects`);
-    only a suspect output is looked at alone."""
+    (output, problem) for those whose rows cannot describe their draws. A step
+    whose worker checked each row against the token it drew (`StepMasks.drawn`)
+    takes an output whose one kept token is that token as it is; the others,
+    and every output of other steps, are checked over the step at once
+    (`StepMasks.suspects`); only a suspect output is looked at alone."""
     for out in outs:
         if not isinstance(out, MaskedEngineCoreOutput):
             raise MissingSamplingMaskError(
                 "Scheduler.update_from_output", f"the output of request {out.request_id} "
                 f"is a {type(out).__name__}, which has no mask fields")
+    wire = masks.wire()
+    if wire.drawn is not None and masks.first_row is None:
+        outs = _attach_drawn(outs, wire, index)
+        if not outs:
+            return []
+    return _attach_checked(outs, masks, wire, index, logger)
+
+
+def _attach_drawn(outs: list, wire, index: dict) -> list:
+    """Attach the rows of the outputs whose one kept token is the token their
+    row was checked against in the worker; return the outputs left to check."""
+    row_of, drawn = wire.row_of, wire.drawn
+    unchecked = []
+    for out in outs:
+        i = index[out.request_id]
+        r = row_of[i]
+        if r < 0:
+            continue     # asked for no mask
+        kept = out.new_token_ids
+        if len(kept) == 1 and kept[0] == drawn[r]:
+            (out.sampling_mask_ids, out.sampling_mask_counts,
+             out.sampling_mask_logprobs, out.sampling_mask_log_kept) = wire.of(i)
+        else:
+            unchecked.append(out)
+    return unchecked
+
+
+def _attach_checked(outs: list, masks, wire, index: dict, logger) -> list:
+    """`_attach` for outputs whose kept tokens have not been checked yet."""
     requests = np.fromiter((index[out.request_id] for out in outs), np.int64, len(outs))
     first = requests if masks.first_row is None else masks.first_row[requests]
     wanted = np.flatnonzero(masks.row_of[first] >= 0)   # the others asked for no mask
@@ -140,7 +174,6 @@ def _attach(outs: list, masks, index: dict, logger) -> list:
     if bad.any():
         owner = np.repeat(np.arange(len(kept)), n)
         suspect[owner[bad]] = True
-    wire = masks.wire()
     problems = []
     for j, ids, length, fit, is_suspect, start in zip(
             wanted.tolist(), kept, lengths.tolist(), fits.tolist(), suspect.tolist(),
