@@ -23,7 +23,10 @@ The protocol the step-cost goal is judged by (docs/sampling_mask.md, "Cost"):
   over its calls, and the difference on - off. On this machine the processes
   share two cores (the engine core polls for the worker's output, so its CPU time
   is about the wall time) and torch's threads wait for each other at every
-  parallel region, so the client's CPU time costs step time too.
+  parallel region, so the client's CPU time costs step time too;
+- where the time goes per function (`--timers`, `step_timers.py`): wall time per
+  step of upstream's step functions and of each of the overlay's, measured in
+  place in each process (the worker, the engine core, the client), off and on.
 
     python benchmarks/bench_step_cost.py
     python benchmarks/bench_step_cost.py --models demo --batches 32 --pairs 9
@@ -31,6 +34,7 @@ The protocol the step-cost goal is judged by (docs/sampling_mask.md, "Cost"):
     python benchmarks/bench_step_cost.py --json docs/step_cost_0.32.0.json
     python benchmarks/bench_step_cost.py --models demo --speculative draft_model --goal 0.95
     python benchmarks/bench_step_cost.py --models demo --batches 8 --cpu --no-support
+    python benchmarks/bench_step_cost.py --models demo --batches 8 --timers --no-support
 
 `--speculative ngram|draft_model` runs both engines with speculative decoding (3
 draft positions; `draft_model` with `demo.perturbed_draft`, a noisy copy of the demo
@@ -56,6 +60,7 @@ for _name in ("TRITON_INTERPRET", "VLLM_USE_V2_MODEL_RUNNER"):
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import step_timers  # noqa: E402
 from bench_v1_engine import model_path  # noqa: E402
 
 
@@ -85,12 +90,19 @@ def workload(batch: int, max_tokens: int, extra_args: dict | None = None):
     return prompts, params
 
 
-def timed(llm, prompts, params, cpu: "CpuProbe | None" = None) -> float:
+def timed(llm, prompts, params, cpu: "CpuProbe | None" = None,
+          client_timers: dict | None = None) -> float:
     if cpu is not None:
         cpu.start()
+    before = step_timers.totals() if client_timers is not None else None
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - t0
+    if before is not None:
+        for name, entry in step_timers.difference(step_timers.totals(), before).items():
+            into = client_timers.setdefault(name, [0.0, 0.0, 0])
+            for i in range(3):
+                into[i] += entry[i]
     if cpu is not None:
         cpu.stop()
     assert all(len(o.outputs[0].token_ids) == params[0].max_tokens for o in outs)
@@ -184,9 +196,32 @@ def acceptance(llm) -> tuple[float, float]:
             found["vllm:spec_decode_num_draft_tokens"].value)
 
 
+def engine_pids(processes) -> list[int]:
+    """An engine's engine-core processes and the worker processes they started."""
+    return [pid for proc in processes
+            for pid in [proc.pid] + [c.pid for c in proc.children(recursive=True)]]
+
+
+def timers_per_step(folder: str, procs: dict, before: dict, client: dict) -> dict:
+    """process -> function -> wall microseconds per step, off, on and added."""
+    after = {arm: step_timers.collect(engine_pids(procs[arm]), folder) for arm in procs}
+    engine = {arm: step_timers.difference(after[arm], before[arm]) for arm in procs}
+    roles = {"worker": ("GPUModelRunner.", "Sampler.", "SamplingMaskState.",
+                        "extract_on_host", "MaskCopy."),
+             "engine core": ("Scheduler.", "_attach", "StepMasks.")}
+    report = {}
+    for role, prefixes in roles.items():
+        off, on = ({name: t for name, t in engine[arm].items() if name.startswith(prefixes)}
+                   for arm in ("off", "on"))
+        report[role] = step_timers.per_step(off, on, role)
+    report["client"] = step_timers.per_step(client["off"], client["on"], "client")
+    return report
+
+
 def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal: float,
             max_iqr: float, support: bool = True, both_off: bool = False,
-            speculative: dict | None = None, cpu: bool = False) -> list[dict]:
+            speculative: dict | None = None, cpu: bool = False,
+            timers: str | None = None) -> list[dict]:
     common = dict(model=model, dtype="float32", max_model_len=512, enforce_eager=True,
                   seed=0, logprobs_mode="processed_logprobs",
                   kv_cache_memory_bytes=1 << 30, max_num_seqs=max(batches),
@@ -208,11 +243,18 @@ def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal:
         assert (outs[0].outputs[0].sampling_mask is None) == both_off
         before = [acceptance(llm) for llm in (off, on)] if speculative else None
         probes = (CpuProbe(off_procs), CpuProbe(on_procs)) if cpu else (None, None)
-        mask = pairs(lambda: timed(off, prompts, params, probes[0]),
-                     lambda: timed(on, prompts, params, probes[1]), n_pairs)
+        client = {"off": {}, "on": {}} if timers else {"off": None, "on": None}
+        procs = {"off": off_procs, "on": on_procs}
+        if timers:
+            before = {arm: step_timers.collect(engine_pids(procs[arm]), timers)
+                      for arm in procs}
+        mask = pairs(lambda: timed(off, prompts, params, probes[0], client["off"]),
+                     lambda: timed(on, prompts, params, probes[1], client["on"]), n_pairs)
         row = {"batch": batch, "mask_on_vs_off": verdict(mask, goal, max_iqr)}
         if cpu:   # the prefill gives the first token, each further step one more
             row["cpu_per_step"] = cpu_per_step(*probes, max_tokens)
+        if timers:
+            row["timers_per_step"] = timers_per_step(timers, procs, before, client)
         if speculative:
             for name, llm, (accepted, drafted) in zip(("off", "on"), (off, on), before):
                 now = acceptance(llm)
@@ -246,6 +288,9 @@ def main() -> None:
                     help="both engines with speculative decoding (3 draft positions)")
     ap.add_argument("--cpu", action="store_true",
                     help="also each process's CPU time per step, off and on")
+    ap.add_argument("--timers", action="store_true",
+                    help="also where the step's time goes: per function, wall time per "
+                         "step in each process, off and on (step_timers.py)")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args()
     if args.pairs < 4:
@@ -257,13 +302,22 @@ def main() -> None:
               "max_tokens": args.max_tokens, "goal": args.goal, "max_iqr": args.max_iqr,
               "speculative": args.speculative, "models": {}}
     workdir = tempfile.mkdtemp(prefix="bench_step_cost_")
+    timers = None
+    if args.timers:   # every process the engines start loads step_timers_site
+        timers = os.path.join(workdir, "timers")
+        os.makedirs(timers)
+        os.environ[step_timers.ENV] = timers
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [os.path.join(HERE, "step_timers_site")]
+            + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+        step_timers.install()
     for name in args.models:
         path = model_path(name)
         print(f"== {name} (vLLM {vllm.__version__})", flush=True)
         report["models"][name] = measure(
             path, args.batches, args.pairs, args.max_tokens, args.goal, args.max_iqr,
             not args.no_support, args.both_off,
-            speculative_config(args.speculative, path, workdir), args.cpu)
+            speculative_config(args.speculative, path, workdir), args.cpu, timers)
     report["load_after"] = os.getloadavg()
     print(f"\nV1 runner, vLLM {vllm.__version__}, {args.max_tokens} tokens, top_k 50, "
           f"top_p 0.95, speculative decoding {args.speculative or 'off'}, "
@@ -287,6 +341,11 @@ def main() -> None:
             for process, cpu in row.get("cpu_per_step", {}).items():
                 print(f"{'':>12} {'':>5}   CPU per step, {process}: off {cpu['off_us']:.0f} us, "
                       f"on {cpu['on_us']:.0f} us, added {cpu['added_us']:+.0f} us")
+            for process, functions in row.get("timers_per_step", {}).items():
+                for function, t in functions.items():
+                    print(f"{'':>12} {'':>5}   {process:>11} {function:<34} off "
+                          f"{t['off_us']:8.0f} us  on {t['on_us']:8.0f} us  "
+                          f"added {t['added_us']:+7.0f} us")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
