@@ -206,14 +206,8 @@ def timers_per_step(folder: str, procs: dict, before: dict, client: dict) -> dic
     """process -> function -> wall microseconds per step, off, on and added."""
     after = {arm: step_timers.collect(engine_pids(procs[arm]), folder) for arm in procs}
     engine = {arm: step_timers.difference(after[arm], before[arm]) for arm in procs}
-    roles = {"worker": ("GPUModelRunner.", "Sampler.", "SamplingMaskState.",
-                        "extract_on_host", "MaskCopy."),
-             "engine core": ("Scheduler.", "_attach", "StepMasks.")}
-    report = {}
-    for role, prefixes in roles.items():
-        off, on = ({name: t for name, t in engine[arm].items() if name.startswith(prefixes)}
-                   for arm in ("off", "on"))
-        report[role] = step_timers.per_step(off, on, role)
+    report = {role: step_timers.per_step(engine["off"], engine["on"], role)
+              for role in ("worker", "engine core")}
     report["client"] = step_timers.per_step(client["off"], client["on"], "client")
     return report
 

@@ -29,19 +29,23 @@ import time
 
 ENV = "VSM_STEP_TIMERS"
 
-# module -> functions timed there: upstream's step, then the overlay's hops
-TARGETS = {
-    "vllm.v1.worker.gpu_model_runner": ["GPUModelRunner.execute_model",
-                                        "GPUModelRunner.sample_tokens"],
-    "vllm.v1.sample.sampler": ["Sampler.sample"],
-    "vllm.v1.core.sched.scheduler": ["Scheduler.schedule", "Scheduler.update_from_output"],
-    "vllm.v1.engine.output_processor": ["OutputProcessor.process_outputs"],
-    "vllm.v1.engine.llm_engine": ["LLMEngine.step"],
-    "vllm_sampling_mask.worker.state": ["SamplingMaskState.plan", "SamplingMaskState.extract",
-                                        "extract_on_host"],
-    "vllm_sampling_mask.transport": ["MaskCopy.result", "StepMasks.suspects"],
-    "vllm_sampling_mask.patches.feature.scheduler": ["_attach", "_attach_drawn"],
-}
+# (module, function, the process it runs in): upstream's step, then the overlay's hops
+TARGETS = [
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.execute_model", "worker"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sample_tokens", "worker"),
+    ("vllm.v1.sample.sampler", "Sampler.sample", "worker"),
+    ("vllm_sampling_mask.worker.state", "SamplingMaskState.plan", "worker"),
+    ("vllm_sampling_mask.worker.state", "SamplingMaskState.extract", "worker"),
+    ("vllm_sampling_mask.worker.state", "extract_on_host", "worker"),
+    ("vllm_sampling_mask.transport", "MaskCopy.result", "worker"),
+    ("vllm.v1.core.sched.scheduler", "Scheduler.schedule", "engine core"),
+    ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output", "engine core"),
+    ("vllm_sampling_mask.patches.feature.scheduler", "_attach", "engine core"),
+    ("vllm_sampling_mask.patches.feature.scheduler", "_attach_drawn", "engine core"),
+    ("vllm_sampling_mask.transport", "StepMasks.suspects", "engine core"),
+    ("vllm.v1.engine.llm_engine", "LLMEngine.step", "client"),
+    ("vllm.v1.engine.output_processor", "OutputProcessor.process_outputs", "client"),
+]
 # the function whose calls count a process's steps, by role
 STEPS = {"worker": "GPUModelRunner.sample_tokens", "engine core": "Scheduler.update_from_output",
          "client": "LLMEngine.step"}
@@ -68,14 +72,11 @@ def _timer(name: str):
 def install() -> None:
     import wrapt
 
-    def hook_for(names):
-        def hook(module):
-            for name in names:
-                wrapt.wrap_function_wrapper(module, name, _timer(name))
-        return hook
+    def hook_for(name):
+        return lambda module: wrapt.wrap_function_wrapper(module, name, _timer(name))
 
-    for module, names in TARGETS.items():
-        wrapt.register_post_import_hook(hook_for(names), module)
+    for module, name, _ in TARGETS:
+        wrapt.register_post_import_hook(hook_for(name), module)
     folder = os.environ.get(ENV)
     if folder:
         signal.signal(signal.SIGUSR2, lambda *_: _write(folder))
@@ -120,12 +121,14 @@ def difference(after: dict, before: dict) -> dict:
 
 
 def per_step(off: dict, on: dict, role: str) -> dict:
-    """name -> {off_us, on_us, added_us}: wall microseconds per step of each arm
-    (each arm's steps counted by `STEPS[role]`)."""
+    """name -> {off_us, on_us, added_us}: wall microseconds per step of each arm,
+    for the functions of `role`'s process (each arm's steps counted by
+    `STEPS[role]`)."""
     steps = {arm: max(t.get(STEPS[role], [0, 0, 0])[2], 1) for arm, t in
              (("off", off), ("on", on))}
+    names = {name for _, name, where in TARGETS if where == role} & (set(off) | set(on))
     report = {}
-    for name in sorted(set(off) | set(on)):
+    for name in sorted(names):
         a = off.get(name, [0.0, 0.0, 0])[0] / steps["off"] * 1e6
         b = on.get(name, [0.0, 0.0, 0])[0] / steps["on"] * 1e6
         report[name] = {"off_us": a, "on_us": b, "added_us": b - a}

@@ -1,0 +1,94 @@
+"""The CPU host's per-step mask calls, warm and after the caches were flushed.
+
+    python benchmarks/bench_host_step.py
+    python benchmarks/bench_host_step.py --rows 8 32 64 --vocab 4096
+
+Per row count, on `--vocab`-wide processed logprobs with a top-k support of 50
+per row, the mean over `--repeats` calls of:
+
+  extract_on_host    the host form's whole extraction (`extraction.extract_on_host`,
+                     with the sampler's tokens, no support logprobs)
+  flatnonzero        its vocabulary-wide pass alone (`isfinite` then `flatnonzero`)
+  word scan          an alternative tried for that pass: `flatnonzero` over 8-byte
+                     words, then only the words that hold an id (not used: slower)
+  torch nonzero      the same pass in torch (not used: slower)
+  scaled top (torch) `support_logprobs.scaled_top_logprob` over every row
+  scaled top (numpy) the same sum of exp in numpy (what it replaced)
+
+"warm" repeats the call back to back; "cold" reads a 16 MB buffer before each
+call, as a step's forward pass leaves the caches holding the model. In an
+engine the calls cost more still (`bench_step_cost.py --timers`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from vllm_sampling_mask.extraction import extract_on_host
+from vllm_sampling_mask.support_logprobs import scaled_top_logprob
+
+
+def word_scan(x: np.ndarray) -> np.ndarray:
+    keep = np.isfinite(x).reshape(-1)
+    words = np.flatnonzero(keep.view(np.uint64))
+    within, bit = np.nonzero(keep.reshape(-1, 8)[words])
+    return words[within] * 8 + bit
+
+
+def numpy_scaled_top(x: np.ndarray) -> np.ndarray:
+    shifted = x - x.max(axis=1, keepdims=True)
+    np.exp(shifted, out=shifted)
+    return -np.log(shifted.sum(axis=1, dtype=np.float32))
+
+
+def mean_us(call, repeats: int, flush: np.ndarray | None) -> float:
+    for _ in range(20):
+        call()
+    total = 0.0
+    for _ in range(repeats):
+        if flush is not None:
+            flush.sum()
+        start = time.perf_counter()
+        call()
+        total += time.perf_counter() - start
+    return total / repeats * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[8, 32, 64])
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--repeats", type=int, default=1000)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    flush = np.ones(4 << 20, dtype=np.float32)     # 16 MB
+    print(f"V = {args.vocab}, top-k 50 supports, torch threads {torch.get_num_threads()}; "
+          "mean us per call, warm / cold")
+    for rows in args.rows:
+        scaled = torch.randn(rows, args.vocab)
+        top = scaled.topk(50, dim=1)
+        logits = torch.full_like(scaled, float("-inf")).scatter_(1, top.indices, top.values)
+        logits = logits.log_softmax(dim=1)
+        x, sampled, every = logits.numpy(), top.indices[:, 0].clone(), np.arange(rows)
+        assert (word_scan(x) == np.flatnonzero(np.isfinite(x))).all()
+        calls = {
+            "extract_on_host": lambda: extract_on_host(logits, None, 4096, sampled,
+                                                       values=False),
+            "flatnonzero": lambda: np.flatnonzero(np.isfinite(x)),
+            "word scan": lambda: word_scan(x),
+            "torch nonzero": lambda: torch.isfinite(logits).view(-1).nonzero(),
+            "scaled top (torch)": lambda: scaled_top_logprob(scaled, every),
+            "scaled top (numpy)": lambda: numpy_scaled_top(scaled.numpy()),
+        }
+        for name, call in calls.items():
+            warm = mean_us(call, args.repeats, None)
+            cold = mean_us(call, args.repeats, flush)
+            print(f"rows {rows:3d}  {name:<20} {warm:8.1f} / {cold:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
