@@ -21,6 +21,24 @@ os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+
+def _share_the_cores() -> None:
+    """Under pytest-xdist (pyproject's `-n auto`: one worker per core, two at most),
+    each worker's engines run their OpenMP threads on that worker's own cores, and
+    its own torch on one thread: vLLM's automatic binding would put every engine on
+    the same core. A binding set outside is kept."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), \
+        int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cores = sorted(os.sched_getaffinity(0))
+    if not worker or count < 2 or len(cores) < count or torch.cuda.is_available():
+        return
+    mine = cores[int(worker.removeprefix("gw")) % count::count]
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, mine)))
+    torch.set_num_threads(len(mine))
+
+
+_share_the_cores()
+
 import pytest  # noqa: E402
 
 from vllm_sampling_mask import DEMO_MODEL  # noqa: E402
@@ -167,14 +185,17 @@ def mask_server(mask_server_log):
     """One real `vllm serve` (the stock CLI, patched by the site hook) on the V1
     runner natively, shared by every HTTP test module: its base URL. Its state
     route (`VLLM_SAMPLING_MASK_DEBUG_STATE=1`) lets tests check that no
-    per-request state is left behind."""
+    per-request state is left behind; vLLM's RL routes (`/pause`, `/resume`,
+    `VLLM_SERVER_DEV_MODE=1`) serve tests/test_rl_loop.py, which resumes it after
+    each test."""
     from vllm_sampling_mask.demo import serving
     extra = ["--max-num-seqs", str(SERVER_MAX_NUM_SEQS),
              "--max-sampling-mask-size", str(SERVER_MAX_MASK_SIZE),
              # the README's short name (its snippets run against this server) and the path
              "--served-model-name", "demo", DEMO_MODEL]
     with serving(free_port(), str(mask_server_log), extra=extra, runner="v1",
-                 env={"VLLM_SAMPLING_MASK_DEBUG_STATE": "1"}) as base:
+                 env={"VLLM_SAMPLING_MASK_DEBUG_STATE": "1",
+                      "VLLM_SERVER_DEV_MODE": "1"}) as base:
         yield base
 
 
@@ -254,14 +275,17 @@ def reference_support(logits_row: torch.Tensor, temperature: float, top_k: int,
 # Node-id patterns (fnmatch); each must select a test, or the tier run stops.
 RELEASE_TIER = (
     "tests/test_releases.py::*", "tests/test_seams.py::*", "tests/test_registry.py::*",
-    "tests/test_overlay.py::*", "tests/test_cpu_seeded_sampling.py::*",
+    # the site hook, the opt-out and the version guard (not the CLI, which the shared
+    # server starts with the overlay's flags, nor the wheel, which no release changes)
+    "tests/test_overlay.py::test_[eipoua]*", "tests/test_overlay.py::test_version_guard*",
+    "tests/test_cpu_seeded_sampling.py::*",
     "tests/test_messages.py::*", "tests/test_top_p_one_rows.py::*",
     "tests/test_engine.py::*[[]v1[]]",
     "tests/test_engine.py::test_supports_match_an_independent_reference[[]mrv2[]]",
     "tests/test_server.py::*", "tests/test_openai_routes.py::*",
     "tests/test_support_logprobs_http.py::*", "tests/test_packed_wire_http.py::*",
     "tests/test_unasked_masks.py::*", "tests/test_upstream_mask_agreement.py::*",
-    "tests/test_server_without_masks.py::test_n_choices_come_back_streamed_or_not*",
+    "tests/test_server_without_masks.py::test_n_choices_come_back_streamed_or_not[[]asked-off-*",
     # speculative decoding: the draft model exercises every kind of emitted token
     # (Model Runner V2 takes it from 0.31: `Release.mrv2_speculators`)
     "tests/test_speculative.py::*[[]v1-draft_model[]]",
@@ -292,6 +316,12 @@ def _mark_release_tier(config, items) -> None:
             not config.option.keyword and not config.args[1:]:
         raise pytest.UsageError(f"RELEASE_TIER patterns that select no test: "
                                 f"{sorted(unmatched)}")
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per core, at most two (each worker starts its own
+    engines and shared server; more would trade memory for little)."""
+    return max(1, min(2, len(os.sched_getaffinity(0))))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -303,7 +304,13 @@ def _ask(value):
     return {"return_sampling_mask": value}
 
 
-def test_bad_requests_fail_alone_and_the_engine_keeps_serving(llm):
+def test_bad_requests_fail_alone_and_the_engine_keeps_serving(llm, monkeypatch):
+    # refusals name prompt ids as `LLM.generate` takes them in a process that serves
+    # no HTTP route; this worker may have imported the server's modules for another
+    # test module (pytest-xdist orders modules per worker)
+    from vllm_sampling_mask.patches.fixes.token_id_validation import SERVER_MODULES
+    for name in SERVER_MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
     with pytest.raises(ValueError, match="temperature"):
         llm.generate(["x"], SamplingParams(temperature=0.0, top_k=10, extra_args=_ask(True)))
     with pytest.raises(ValueError, match="max-sampling-mask-size 128"):

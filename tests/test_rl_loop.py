@@ -1,5 +1,6 @@
 """Masks through the RL loop's pause and resume (`/pause`, `/resume`, `/is_paused`,
-vLLM's RL routes, served with VLLM_SERVER_DEV_MODE=1), on the V1 runner.
+vLLM's RL routes, served with VLLM_SERVER_DEV_MODE=1), on the V1 runner: conftest's
+shared `mask_server`.
 
 A trainer pauses the engine between or during rollouts. Here one seeded streamed
 request is paused mid-generation in each of upstream's three modes:
@@ -19,19 +20,15 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import free_port
 from rl_http import TOKENS, Stream, no_state_left, paused, post
 
-from vllm_sampling_mask.demo import serving
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    log = tmp_path_factory.mktemp("serve-rl") / "vllm-serve.log"
-    with serving(free_port(), str(log), runner="v1",
-                 env={"VLLM_SERVER_DEV_MODE": "1",
-                      "VLLM_SAMPLING_MASK_DEBUG_STATE": "1"}) as base:
-        yield base
+@pytest.fixture
+def server(mask_server):
+    """conftest's shared server (dev mode: the RL routes), resumed after each test
+    whatever its outcome, so that no later test meets a paused engine."""
+    yield mask_server
+    post(mask_server, "/resume")
 
 
 def test_keep_freezes_and_resumes_with_the_same_tokens_and_masks(server):

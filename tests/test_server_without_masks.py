@@ -62,18 +62,25 @@ def test_asking_for_support_logprobs_names_the_flag(server, stream):
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_n_choices_come_back_streamed_or_not(server, n):
+@pytest.mark.parametrize("where", ["no-flag", "asked-off"])
+def test_n_choices_come_back_streamed_or_not(request, where, n):
     """Upstream 0.27.1 answered n > 1 with fewer choices (non-streamed) or a 500
-    "list index out of range" (streamed); the fork's fix holds with masks off."""
+    "list index out of range" (streamed); the fork's fix holds with masks off: on
+    this module's server, and on conftest's shared one for requests that ask for no
+    mask (the release tier runs those, with no server of its own to start)."""
+    if where == "no-flag":
+        server, off = request.getfixturevalue("server"), {}
+    else:
+        server, off = request.getfixturevalue("mask_server"), {"return_sampling_mask": False}
     params = {"temperature": 1.0, "top_k": 50, "n": n, "max_tokens": 16, "seed": 3}
     for _ in range(3):      # the streamed failure depended on which child came first
-        full = generate(server, {"sampling_params": params})
+        full = generate(server, {"sampling_params": params, **off})
         assert full.status_code == 200, full.text
         choices = full.json()["choices"]
         assert sorted(c["index"] for c in choices) == list(range(n))
         assert all(len(c["token_ids"]) == 16 and c.get("sampling_mask") is None
                    for c in choices)
-        with generate(server, {"sampling_params": params}, stream=True) as r:
+        with generate(server, {"sampling_params": params, **off}, stream=True) as r:
             assert r.status_code == 200, r.text
             chunks = events(r)
         tokens = {}
