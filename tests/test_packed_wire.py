@@ -459,3 +459,118 @@ def test_damaged_data_decodes_alike_or_raises_value_error(case, data):
     decoded = SamplingMask.from_counts(ids, counts)
     assert all(np.all(np.diff(decoded[t]) > 0) for t in range(len(decoded)))
     assert len(ids) == 0 or int(ids.min()) >= 0
+
+
+# -- the compiled encoder (`_packed_native`) ----------------------------------------
+
+needs_native = pytest.mark.skipif(
+    not packed_wire.NATIVE, reason="the compiled encoder (_packed_native) is not built "
+    "here: no C compiler at install; packed_wire's own encoders serve")
+
+
+def _reference_text(mask: SamplingMask) -> str:
+    """The `data` text packed_wire's numpy encoder and numpy/Python base85 write."""
+    return packed_wire._b85encode_py(packed_wire._encode_v2(mask.ids, mask.offsets))
+
+
+def test_the_install_built_the_compiled_encoder():
+    """Where a C compiler is there, the README's install builds `_packed_native`
+    (setup.py's optional extension): the API server's packed CPU figures assume it."""
+    import shutil
+    import sysconfig
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        pytest.skip(f"no C compiler ({compiler}) on this machine: the install leaves the "
+                    "compiled encoder out, and packed_wire's own encoders serve")
+    assert packed_wire.NATIVE, "a C compiler is here, but _packed_native was not built"
+
+
+@needs_native
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(_masks())
+def test_the_compiled_encoder_writes_the_reference_bytes(case):
+    """Any supports (the round trip's hostile shapes): the compiled encoder's text
+    is the numpy encoder's bytes in the reference base85."""
+    _, rows = case
+    mask = SamplingMask.from_lists(rows)
+    assert packed_wire._packed_native.encode_v2(mask.ids, mask.offsets) == \
+        _reference_text(mask)
+
+
+@needs_native
+def test_the_compiled_encoder_at_the_edges():
+    """Long quotients (ids clustered at the top: unary runs past 32 bits), ids up
+    to 2**31 - 1, a large count order (one token of 100,000 ids), many empty
+    tokens, and a mask past 2**16 ids (encoded without the GIL)."""
+    rng = np.random.default_rng(3)
+    masks = [SamplingMask.from_lists([list(range(151_836, 151_936)), [0, 1], [7]]),
+             SamplingMask.from_lists([[2**31 - 1], [0, 2**31 - 1], [], [5]]),
+             SamplingMask.from_lists([np.sort(rng.choice(2**31 - 1, 100_000, replace=False))]),
+             SamplingMask.from_lists([[]] * 50 + [[3]] + [[]] * 50),
+             SamplingMask.from_lists([[]] * 7),
+             _prime_rl_like(rng, 10_000),
+             _random_mask(rng, 2000, 151_936, 300)]
+    assert len(masks[-2].ids) + len(masks[-1].ids) > 2 * (1 << 16)
+    for mask in masks:
+        text = packed_wire._packed_native.encode_v2(mask.ids, mask.offsets)
+        assert text == _reference_text(mask)
+        decoded = decode_packed({"format": PACKED_FORMAT, "tokens": len(mask), "data": text})
+        assert SamplingMask.from_counts(*decoded) == mask
+
+
+@needs_native
+def test_the_compiled_encoder_leaves_what_it_does_not_take_to_packed_wire():
+    """It answers None for anything but 1-D C-ordered int32 ids and int64 offsets of a
+    valid mask; `encode_packed` then gives the same object, or raises the same
+    ValueError, as without it."""
+    encode = packed_wire._packed_native.encode_v2
+    ids, offsets = np.array([1, 2, 9], np.int32), np.array([0, 2, 3], np.int64)
+    assert encode(ids, offsets) == _reference_text(SamplingMask(ids, offsets))
+    import array
+    assert encode(array.array("i", [1, 2, 9]), memoryview(offsets)) == encode(ids, offsets)
+    for other_ids, other_offsets in ((ids.astype(np.int64), offsets),
+                                     (ids, offsets.astype(np.int32)),
+                                     (ids.astype(">i4"), offsets),
+                                     (ids.astype(np.uint32), offsets),
+                                     (np.repeat(ids, 2)[::2], offsets),
+                                     (ids.reshape(1, 3), offsets),
+                                     ([1, 2, 9], [0, 2, 3])):
+        assert encode(other_ids, other_offsets) is None
+        assert encode_packed(other_ids, offsets=other_offsets) == \
+            encode_packed(ids, offsets=offsets)
+    assert encode(b"\x01\x00\x00\x00" * 3, offsets) is None     # bytes: not int32
+    for bad_ids, bad_offsets, message in (([5, 5], [0, 2], "strictly ascending"),
+                                          ([6, 5], [0, 2], "strictly ascending"),
+                                          ([-1, 5], [0, 2], "non-negative"),
+                                          ([3, -1], [0, 1, 2], "non-negative"),
+                                          ([1, 2], [0, 3], "ids"),
+                                          ([1, 2], [1, 2], "ids"),
+                                          ([1, 2], [0, 2, 1, 2], "non-decreasing"),
+                                          ([1, 2], [], "ids"),
+                                          ([1], [0], "ids")):
+        bad_ids, bad_offsets = np.array(bad_ids, np.int32), np.array(bad_offsets, np.int64)
+        assert encode(bad_ids, bad_offsets) is None
+        with pytest.raises(ValueError, match=message):
+            encode_packed(bad_ids, offsets=bad_offsets)
+    with pytest.raises(TypeError, match="ids and offsets"):
+        encode(ids)
+
+
+def test_the_encoders_agree_with_and_without_the_compiled_one(monkeypatch):
+    """The objects `encode_packed`, `to_packed` and `b85encode` give are the same
+    whether `_packed_native` is built or not (the fallback is what an install
+    without a compiler serves)."""
+    rng = np.random.default_rng(5)
+    masks = [_random_mask(rng, tokens, vocab, 300) for tokens in (0, 1, 3, 64)
+             for vocab in (2, 4096, 151_936)] + [_prime_rl_like(rng, 200)]
+    raws = [rng.bytes(size) for size in range(0, 300, 7)]
+    logprobs = [SamplingMask(m.ids, m.offsets, -rng.random(len(m.ids)),
+                             -rng.random(len(m))) for m in masks[-3:]]
+    def objects():
+        return ([encode_packed(m.ids, offsets=m.offsets) for m in masks]
+                + [encode_packed(m.ids, np.diff(m.offsets)) for m in masks]
+                + [m.to_packed() for m in logprobs] + [b85encode(raw) for raw in raws])
+    built = objects()
+    monkeypatch.setattr(packed_wire, "_packed_native", None)
+    assert objects() == built
+    assert [b85encode(raw) for raw in raws] == [base64.b85encode(raw).decode() for raw in raws]

@@ -88,6 +88,12 @@ fields from 64-bit windows of the data. Where numpy's per-call cost would domina
 plain loops do the same work: a mask of fewer than 128 ids (a stream chunk) is
 encoded over Python integers to the same bytes, and data under 256 bytes are read
 as a str of bits.
+
+The API server encodes with the compiled encoder, `_packed_native` (C, built by
+setup.py where a compiler is there), when it is built: the same bytes, written in
+one pass over the tokens and two over the ids, then base85 straight into the str
+(`NATIVE` says whether it is). The numpy and plain-Python encoders above are the
+fallback and the reference the tests hold it to.
 """
 
 from __future__ import annotations
@@ -99,15 +105,21 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+try:
+    from vllm_sampling_mask import _packed_native
+except ImportError:          # not built (no C compiler at install): numpy and Python
+    _packed_native = None
+
 __all__ = ["encode_floats", "decode_floats", "PACKED_FORMAT", "PACKED_FORMAT_V1",
            "PACKED_FORMATS", "MASK_FORMATS", "encode_packed", "encode_packed_v1",
            "decode_packed", "encode_varints", "decode_varints", "b85encode", "b85decode",
-           "is_packed"]
+           "is_packed", "NATIVE"]
 
 PACKED_FORMAT = "packed-rice-v2"           # what `encode_packed` writes
 PACKED_FORMAT_V1 = "packed-varint-v1"      # the earlier layout, still decoded
 PACKED_FORMATS = (PACKED_FORMAT, PACKED_FORMAT_V1)
 MASK_FORMATS = ("lists", "packed")         # the request field `sampling_mask_format`
+NATIVE = _packed_native is not None      # whether the compiled encoder is built
 _ID_LIMIT = 1 << 31                        # ids are int32
 _MAX_G = 31
 _MAX_COUNT_WIDTH = 32                      # w[t]: counts (at most n) below 2**32
@@ -160,9 +172,16 @@ def _b85encode_small(raw: bytes) -> str:
 
 def b85encode(raw: bytes) -> str:
     """base85 text of `raw`: the same characters as `base64.b85encode(raw)`
-    (unpadded), computed with numpy past a few dozen bytes: the digits of each
-    group's uint32 by division, as bytes 0..84, mapped to the alphabet by
-    `bytes.translate`."""
+    (unpadded); the compiled encoder's where it is built, else `_b85encode_py`."""
+    if _packed_native is not None:
+        return _packed_native.b85encode(raw)
+    return _b85encode_py(raw)
+
+
+def _b85encode_py(raw: bytes) -> str:
+    """`b85encode` without the compiled encoder: with numpy past a few dozen
+    bytes (the digits of each group's uint32 by division, as bytes 0..84, mapped to
+    the alphabet by `bytes.translate`), a plain loop below."""
     if len(raw) < _B85_SMALL:
         return _b85encode_small(raw)
     full, rest = divmod(len(raw), 4)
@@ -544,9 +563,26 @@ def encode_packed(ids: np.ndarray, counts: np.ndarray | None = None, *,
     concatenated in generation order (each strictly ascending, ids in
     [0, 2**31)), and either `counts` (the size of each support) or `offsets`
     (`SamplingMask.offsets`, length T + 1)."""
+    if _packed_native is not None:
+        if offsets is None and counts is not None:
+            counts = np.asarray(counts).reshape(-1)
+            offsets = np.zeros(len(counts) + 1, np.int64)
+            np.cumsum(counts, out=offsets[1:])
+        # None: not 1-D C-ordered int32 ids and int64 offsets (the arrays of a
+        # `SamplingMask`), or not a valid mask: the encoders below take it
+        data = _packed_native.encode_v2(ids, offsets)
+        if data is not None:
+            return {"format": PACKED_FORMAT, "tokens": len(offsets) - 1, "data": data}
+    return _encode_packed_py(ids, counts, offsets=offsets)
+
+
+def _encode_packed_py(ids: np.ndarray, counts: np.ndarray | None = None, *,
+                      offsets: np.ndarray | None = None) -> dict:
+    """`encode_packed` without the compiled encoder: numpy, or a plain loop for
+    a mask of fewer than 128 ids."""
     if offsets is not None and len(ids) < _SMALL and len(offsets):
         bounds = offsets.tolist() if isinstance(offsets, np.ndarray) else list(offsets)
-        values = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+        values = ids.reshape(-1).tolist() if isinstance(ids, np.ndarray) else list(ids)
         return {"format": PACKED_FORMAT, "tokens": len(bounds) - 1,
                 "data": b85encode(_encode_v2_small(values, bounds))}
     ids = np.asarray(ids).reshape(-1)
