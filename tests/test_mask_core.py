@@ -29,6 +29,30 @@ def test_sampling_mask_packed_and_list_forms_agree():
         m[4]
 
 
+def test_concat_joins_any_parts_into_a_valid_mask():
+    """Parts with empty tokens, no tokens at all, and support logprobs on every
+    part or not: the joined mask is the one built from the joined lists (and
+    passes `SamplingMask`'s own checks); one part comes back as it is."""
+    rng = np.random.default_rng(2)
+    rows = [[3, 7, 9], [], [1], [], [0, 2], [5], [], [4, 8, 11, 12]]
+    lps = [(-rng.random(len(r))).astype(np.float32) for r in rows]
+    kept = (-rng.random(len(rows))).astype(np.float32)
+    cuts = [0, 0, 2, 3, 3, 6, 8]
+    parts = [SamplingMask.from_lists(rows[a:b], lps[a:b], kept[a:b])
+             for a, b in zip(cuts, cuts[1:])]
+    joined = SamplingMask.concat(parts)
+    assert joined == SamplingMask.from_lists(rows, lps, kept)
+    checked = SamplingMask(joined.ids, joined.offsets, joined.logprobs, joined.log_kept)
+    assert np.array_equal(checked.offsets, np.cumsum([0] + [len(r) for r in rows]))
+    assert np.array_equal(joined.logprobs, np.concatenate(lps))
+    assert np.array_equal(joined.log_kept, kept)
+    without = SamplingMask.concat(parts[:2] + [SamplingMask.from_lists(rows[2:3])] + parts[3:])
+    assert without == SamplingMask.from_lists(rows) and without.log_kept is None
+    assert SamplingMask.concat([parts[2]]) is parts[2]
+    alone = SamplingMask.concat([SamplingMask.from_lists(rows)])
+    assert alone == SamplingMask.from_lists(rows) and alone.logprobs is None
+
+
 def test_sampling_mask_rejects_bad_offsets():
     with pytest.raises(ValueError, match="start at 0"):
         SamplingMask(np.array([1, 2]), np.array([1, 2]))

@@ -102,12 +102,14 @@ class MaskAccumulator:
         if not self._pending[1]:
             return
         ids, counts, logprobs, log_kept = (
-            np.frombuffer(b"".join(parts), dtype=dtype) if parts else None
+            None if not parts else np.frombuffer(parts[0] if len(parts) == 1
+                                                 else b"".join(parts), dtype=dtype)
             for parts, dtype in zip(self._pending, ("<i4", "<i4", "<f4", "<f4")))
         self._pending = ([], [], [], [])
         n, k = len(counts), len(ids)
-        if counts.sum() != k:
-            raise ValueError(f"MaskAccumulator: counts add up to {int(counts.sum())}, "
+        total = int(counts[0]) if n == 1 else int(counts.sum())
+        if total != k:
+            raise ValueError(f"MaskAccumulator: counts add up to {total}, "
                              f"not the {k} ids appended")
         start = self._offsets[self._tokens]
         if start + k > len(self._ids):
@@ -123,8 +125,11 @@ class MaskAccumulator:
         if self.with_logprobs:
             self._logprobs[start:start + k] = logprobs
             self._log_kept[self._tokens:self._tokens + n] = log_kept
-        np.cumsum(counts, out=self._offsets[self._tokens + 1:self._tokens + n + 1])
-        self._offsets[self._tokens + 1:self._tokens + n + 1] += start
+        if n == 1:      # one token a step (a stream's usual flush)
+            self._offsets[self._tokens + 1] = start + k
+        else:
+            np.cumsum(counts, out=self._offsets[self._tokens + 1:self._tokens + n + 1])
+            self._offsets[self._tokens + 1:self._tokens + n + 1] += start
         self._tokens += n
         self._pending_tokens = 0
 
@@ -137,8 +142,10 @@ class MaskAccumulator:
             return None
         offsets = self._offsets[first:last + 1]
         base = offsets[0]
+        end = offsets[-1]
+        # the flat arrays are built here, from counts that add up (`_flush`): no
+        # need for `SamplingMask.__init__`'s checks
         if not self.with_logprobs:
-            return SamplingMask(self._ids[base:offsets[-1]], offsets - base)
-        return SamplingMask(self._ids[base:offsets[-1]], offsets - base,
-                            logprobs=self._logprobs[base:offsets[-1]],
-                            log_kept=self._log_kept[first:last])
+            return SamplingMask._of(self._ids[base:end], offsets - base)
+        return SamplingMask._of(self._ids[base:end], offsets - base,
+                                self._logprobs[base:end], self._log_kept[first:last])

@@ -70,6 +70,18 @@ class SamplingMask:
 
     # -- constructors -------------------------------------------------------
     @classmethod
+    def _of(cls, ids: np.ndarray, offsets: np.ndarray, logprobs: np.ndarray | None = None,
+            log_kept: np.ndarray | None = None) -> SamplingMask:
+        """A mask of arrays that already are what `__init__` checks for (1-D
+        C-ordered int32 ids, int64 offsets from 0 to len(ids), non-decreasing;
+        float32 logprobs and log_kept aligned with them, or None): the output
+        processor's per-step hand-off and `concat`, where `__init__`'s checks would
+        be most of the cost."""
+        mask = object.__new__(cls)
+        mask.ids, mask.offsets, mask.logprobs, mask.log_kept = ids, offsets, logprobs, log_kept
+        return mask
+
+    @classmethod
     def from_lists(cls, token_ids: Iterable[Sequence[int]], logprobs=None,
                    log_kept=None) -> SamplingMask:
         """Build from one list of ids per generated token (and, optionally, one
@@ -95,15 +107,27 @@ class SamplingMask:
     @classmethod
     def concat(cls, masks: Sequence[SamplingMask]) -> SamplingMask:
         """Join masks of consecutive token spans into one (support logprobs kept
-        when every part has them)."""
+        when every part has them). One part is returned as it is (a stream
+        chunk's usual case), not copied."""
         if not masks:
             return cls.from_lists([])
+        with_logprobs = all(m.logprobs is not None for m in masks)
+        if len(masks) == 1:
+            mask = masks[0]
+            return mask if with_logprobs or mask.logprobs is None else \
+                cls._of(mask.ids, mask.offsets)
         ids = np.concatenate([m.ids for m in masks])
-        counts = np.concatenate([np.diff(m.offsets) for m in masks])
-        if all(m.logprobs is not None for m in masks):
-            return cls.from_counts(ids, counts, np.concatenate([m.logprobs for m in masks]),
-                                   np.concatenate([m.log_kept for m in masks]))
-        return cls.from_counts(ids, counts)
+        offsets = np.zeros(1 + sum(len(m.offsets) - 1 for m in masks), dtype=np.int64)
+        at = base = 0
+        for m in masks:
+            tokens = len(m.offsets) - 1
+            offsets[at + 1: at + 1 + tokens] = m.offsets[1:] + base
+            at += tokens
+            base += len(m.ids)
+        if with_logprobs:
+            return cls._of(ids, offsets, np.concatenate([m.logprobs for m in masks]),
+                           np.concatenate([m.log_kept for m in masks]))
+        return cls._of(ids, offsets)
 
     @classmethod
     def from_response(cls, response, index: int | None = None) -> SamplingMask:

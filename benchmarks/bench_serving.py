@@ -1,0 +1,209 @@
+"""The mask under concurrent clients: the API server's CPU and throughput, mask off,
+lists and packed, side by side on one server, one run.
+
+One `vllm serve` of the demo model (V1 runner, `--return-sampling-mask
+--logprobs-mode processed_logprobs`). Per concurrency level, `--clients` requests
+are sent at once (`/v1/completions`, top_k 50, top_p 0.95, `max_tokens` each,
+ignore_eos, seeded) in each of three arms, which take turns round after round:
+
+    off      `return_sampling_mask: false` (the same server, no mask asked)
+    lists    the mask as JSON lists (the default format)
+    packed   `sampling_mask_format: "packed"`
+
+streamed (one chunk per token) and not. Per arm, summed over `--rounds` rounds:
+
+    tok/s          generated tokens over the rounds' wall time
+    api us/tok     the API server process's CPU time (user + system, from
+                   /proc/<pid>/stat) per generated token
+    engine us/tok  the same for the engine core and worker processes (its children)
+    <arm>/off      tok/s: the median over rounds of a round's against the off arm's
+                   of the same round; api CPU: the arm's API CPU per token over the
+                   off arm's, over all rounds (/proc counts CPU in 10 ms ticks)
+
+The first round of each arm is a check (every choice carries one mask per token in
+the masked arms, none in the off arm) and is not timed. The mask's memory per step
+is printed from the masks the lists arm got: on a CPU host the worker's step holds
+`HostSupports` (ids int32, counts int32, offsets int64, drawn int64): 4 bytes per id
+and 20 per row (plus 4 per id and 8 per row with support logprobs); the device form's
+block is `4 R (3 + W)` plus the spare slots (docs/design.md).
+
+    python benchmarks/bench_serving.py
+    python benchmarks/bench_serving.py --clients 8 32 --rounds 5 --max-tokens 64
+
+Linux only (/proc); the bench's own client shares the machine's cores with the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+
+ARMS = ("off", "lists", "packed")
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in os.listdir(f"/proc/{parent}/task"):
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as f:
+                    kids = [int(c) for c in f.read().split()]
+            except FileNotFoundError:
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def body(model: str, arm: str, i: int, max_tokens: int, stream: bool) -> dict:
+    from vllm_sampling_mask.demo import DEMO_PROMPTS
+    request = {"model": model, "prompt": DEMO_PROMPTS[i % len(DEMO_PROMPTS)],
+               "max_tokens": max_tokens, "temperature": 1.0, "top_k": 50, "top_p": 0.95,
+               "seed": i, "ignore_eos": True, "stream": stream,
+               "return_sampling_mask": arm != "off"}
+    if arm == "packed":
+        request["sampling_mask_format"] = "packed"
+    return request
+
+
+def mask_of(choice: dict):
+    from vllm_sampling_mask.sampling_mask import SamplingMask
+    return None if choice.get("sampling_mask") is None else SamplingMask.from_response(choice)
+
+
+async def one(client, base: str, request: dict, check: bool) -> tuple[int, list]:
+    """(tokens, masks if `check`) of one request; a stream is read line by line
+    (parsed only when checking)."""
+    url = f"{base}/v1/completions"
+    if not request["stream"]:
+        r = await client.post(url, json=request)
+        r.raise_for_status()
+        answer = r.json()
+        return (answer["usage"]["completion_tokens"],
+                [mask_of(answer["choices"][0])] if check else [])
+    masks = []
+    async with client.stream("POST", url, json=request) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if check and line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    masks.append(mask_of(choice))
+    return request["max_tokens"], masks     # ignore_eos: every request runs to the end
+
+
+async def round_of(client, base, model, arm, clients, max_tokens, stream, check, pids):
+    requests = [body(model, arm, i, max_tokens, stream) for i in range(clients)]
+    api0 = cpu_seconds(pids[0])
+    engine0 = sum(cpu_seconds(p) for p in pids[1:])
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(one(client, base, r, check) for r in requests))
+    wall = time.perf_counter() - t0
+    api = cpu_seconds(pids[0]) - api0
+    engine = sum(cpu_seconds(p) for p in pids[1:]) - engine0
+    tokens = sum(t for t, _ in results)
+    if check:
+        for (count, masks), request in zip(results, requests):
+            masked = [m for m in masks if m is not None]
+            assert count == max_tokens, (arm, count)
+            if arm == "off":
+                assert not masked, "the off arm got a mask"
+            else:
+                assert sum(len(m) for m in masked) == max_tokens, (arm, masked)
+    return {"tokens": tokens, "wall": wall, "api": api, "engine": engine,
+            "masks": [m for _, ms in results for m in ms if m is not None]}
+
+
+async def run(base, model, pids, levels, rounds, max_tokens, streams) -> list[dict]:
+    import httpx
+    rows = []
+    limits = httpx.Limits(max_connections=max(levels) + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        for stream in streams:
+            for clients in levels:
+                totals = {arm: {"tokens": 0, "wall": 0.0, "api": 0.0, "engine": 0.0}
+                          for arm in ARMS}
+                per_round = {arm: [] for arm in ARMS}
+                sizes = []
+                for r in range(rounds + 1):
+                    order = ARMS if r % 2 == 0 else ARMS[::-1]
+                    for arm in order:
+                        got = await round_of(client, base, model, arm, clients, max_tokens,
+                                             stream, r == 0, pids)
+                        if r == 0:
+                            if arm == "lists":
+                                sizes = [len(ids) for m in got["masks"] for ids in m]
+                            continue
+                        for key in totals[arm]:
+                            totals[arm][key] += got[key]
+                        per_round[arm].append(got)
+                row = {"stream": stream, "clients": clients, "rounds": rounds,
+                       "mean support": round(statistics.mean(sizes), 1),
+                       "mask bytes/step (host form)":
+                           round(4 * statistics.mean(sizes) * clients + 20 * clients)}
+                for arm in ARMS:
+                    t = totals[arm]
+                    row[f"{arm} tok/s"] = round(t["tokens"] / t["wall"], 1)
+                    row[f"{arm} api us/tok"] = round(t["api"] / t["tokens"] * 1e6, 1)
+                    row[f"{arm} engine us/tok"] = round(t["engine"] / t["tokens"] * 1e6, 1)
+                for arm in ARMS[1:]:
+                    pairs = list(zip(per_round[arm], per_round["off"]))
+                    row[f"{arm}/off tok/s"] = round(statistics.median(
+                        (a["tokens"] / a["wall"]) / (o["tokens"] / o["wall"]) for a, o in pairs), 3)
+                    row[f"{arm}/off api CPU"] = round(
+                        (totals[arm]["api"] / totals[arm]["tokens"])
+                        / (totals["off"]["api"] / totals["off"]["tokens"]), 3)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--stream", choices=("both", "yes", "no"), default="both",
+                    help="streamed requests, non-streamed ones, or both (default)")
+    args = ap.parse_args()
+    streams = {"both": (True, False), "yes": (True,), "no": (False,)}[args.stream]
+
+    from vllm_sampling_mask.demo import server_command, server_env, wait_healthy
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_path = os.path.join(tempfile.gettempdir(), f"bench-serving-{port}.log")
+    base = f"http://127.0.0.1:{port}"
+    print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(server_command(port, extra=["--served-model-name", "demo"]),
+                                env=server_env("v1"), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_healthy(base, proc, server_log=log_path)
+            pids = [proc.pid] + descendants(proc.pid)
+            asyncio.run(run(base, "demo", pids, args.clients, args.rounds, args.max_tokens,
+                            streams))
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    print(f"load average after: {os.getloadavg()[0]:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
