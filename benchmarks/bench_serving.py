@@ -41,7 +41,6 @@ import json
 import os
 import socket
 import statistics
-import subprocess
 import tempfile
 import time
 
@@ -181,27 +180,17 @@ def main() -> None:
     args = ap.parse_args()
     streams = {"both": (True, False), "yes": (True,), "no": (False,)}[args.stream]
 
-    from vllm_sampling_mask.demo import server_command, server_env, wait_healthy
+    from vllm_sampling_mask.demo import server_process
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log_path = os.path.join(tempfile.gettempdir(), f"bench-serving-{port}.log")
-    base = f"http://127.0.0.1:{port}"
     print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(server_command(port, extra=["--served-model-name", "demo"]),
-                                env=server_env("v1"), stdout=log, stderr=subprocess.STDOUT)
-        try:
-            wait_healthy(base, proc, server_log=log_path)
-            pids = [proc.pid] + descendants(proc.pid)
-            asyncio.run(run(base, "demo", pids, args.clients, args.rounds, args.max_tokens,
-                            streams))
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    with server_process(port, log_path, extra=["--served-model-name", "demo"],
+                        runner="v1") as (base, proc):
+        pids = [proc.pid] + descendants(proc.pid)
+        asyncio.run(run(base, "demo", pids, args.clients, args.rounds, args.max_tokens,
+                        streams))
     print(f"load average after: {os.getloadavg()[0]:.2f}", flush=True)
 
 

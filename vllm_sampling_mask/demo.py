@@ -234,6 +234,15 @@ def serving(port: int, log_path: str, extra=(), runner: str | None = None, env=N
     `env`: variables to set in the server's environment on top of `server_env`;
     `mask=False`: the same server without `--return-sampling-mask`; `progress`:
     print, every 10 s of start-up, what the server is doing."""
+    with server_process(port, log_path, extra, runner, env, mask, progress) as (base, _):
+        yield base
+
+
+@contextlib.contextmanager
+def server_process(port: int, log_path: str, extra=(), runner: str | None = None, env=None,
+                   mask: bool = True, progress: bool = False):
+    """`serving`, yielding (its URL, its process): the process is the API server's
+    (the engine core and worker are its children)."""
     base = f"http://127.0.0.1:{port}"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(server_command(port, extra=extra, mask=mask),
@@ -242,7 +251,7 @@ def serving(port: int, log_path: str, extra=(), runner: str | None = None, env=N
         try:
             wait_healthy(base, proc, log_path=log_path if progress else None,
                          server_log=log_path)
-            yield base
+            yield base, proc
         finally:
             proc.terminate()
             try:

@@ -111,11 +111,9 @@ class SamplingMask:
         chunk's usual case), not copied."""
         if not masks:
             return cls.from_lists([])
-        with_logprobs = all(m.logprobs is not None for m in masks)
         if len(masks) == 1:
-            mask = masks[0]
-            return mask if with_logprobs or mask.logprobs is None else \
-                cls._of(mask.ids, mask.offsets)
+            return masks[0]
+        with_logprobs = all(m.logprobs is not None for m in masks)
         ids = np.concatenate([m.ids for m in masks])
         offsets = np.zeros(1 + sum(len(m.offsets) - 1 for m in masks), dtype=np.int64)
         at = base = 0

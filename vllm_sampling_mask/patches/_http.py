@@ -271,6 +271,11 @@ async def full_response_with_masks(wrapped, args, kwargs, response_type):
     return response
 
 
+# a chunk's JSON as upstream writes it (compact, UTF-8 as it is); one encoder for every
+# chunk, where `json.dumps` with these options builds one per call
+_CHUNK_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 class StreamMasks:
     """The masks of one streamed request, handed from the engine's DELTA outputs
     to the chunks upstream builds from them.
@@ -348,7 +353,7 @@ class StreamMasks:
             if self._logprobs and not self._packed and mask.logprobs is not None:
                 choice["sampling_mask_logprobs"] = mask.logprob_lists()
                 choice["sampling_mask_log_kept"] = mask.log_kept.tolist()
-        return f"data: {json.dumps(chunk, ensure_ascii=False, separators=(',', ':'))}\n\n"
+        return f"data: {_CHUNK_JSON.encode(chunk)}\n\n"
 
 
 class _Reached(list):
