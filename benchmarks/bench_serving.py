@@ -9,6 +9,9 @@ ignore_eos, seeded) in each of three arms, which take turns round after round:
     off      `return_sampling_mask: false` (the same server, no mask asked)
     lists    the mask as JSON lists (the default format)
     packed   `sampling_mask_format: "packed"`
+    stock    (`--stock`) a second server of the same model without
+             `--return-sampling-mask`, requests without the mask's fields: what a
+             request costs where the overlay's stream hand-off is not in the way
 
 streamed (one chunk per token) and not. Per arm, summed over `--rounds` rounds:
 
@@ -29,6 +32,7 @@ block is `4 R (3 + W)` plus the spare slots (docs/design.md).
 
     python benchmarks/bench_serving.py
     python benchmarks/bench_serving.py --clients 8 32 --rounds 5 --max-tokens 64
+    python benchmarks/bench_serving.py --stock --stream yes --clients 32
 
 Linux only (/proc); the bench's own client shares the machine's cores with the server.
 """
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -44,7 +49,7 @@ import statistics
 import tempfile
 import time
 
-ARMS = ("off", "lists", "packed")
+ARMS = ("off", "lists", "packed")     # on the mask server; "stock" on a server without
 
 
 def cpu_seconds(pid: int) -> float:
@@ -72,8 +77,9 @@ def body(model: str, arm: str, i: int, max_tokens: int, stream: bool) -> dict:
     from vllm_sampling_mask.demo import DEMO_PROMPTS
     request = {"model": model, "prompt": DEMO_PROMPTS[i % len(DEMO_PROMPTS)],
                "max_tokens": max_tokens, "temperature": 1.0, "top_k": 50, "top_p": 0.95,
-               "seed": i, "ignore_eos": True, "stream": stream,
-               "return_sampling_mask": arm != "off"}
+               "seed": i, "ignore_eos": True, "stream": stream}
+    if arm != "stock":
+        request["return_sampling_mask"] = arm != "off"
     if arm == "packed":
         request["sampling_mask_format"] = "packed"
     return request
@@ -118,15 +124,17 @@ async def round_of(client, base, model, arm, clients, max_tokens, stream, check,
         for (count, masks), request in zip(results, requests):
             masked = [m for m in masks if m is not None]
             assert count == max_tokens, (arm, count)
-            if arm == "off":
-                assert not masked, "the off arm got a mask"
+            if arm in ("off", "stock"):
+                assert not masked, f"the {arm} arm got a mask"
             else:
                 assert sum(len(m) for m in masked) == max_tokens, (arm, masked)
     return {"tokens": tokens, "wall": wall, "api": api, "engine": engine,
             "masks": [m for _, ms in results for m in ms if m is not None]}
 
 
-async def run(base, model, pids, levels, rounds, max_tokens, streams) -> list[dict]:
+async def run(servers: dict, model, levels, rounds, max_tokens, streams) -> list[dict]:
+    """`servers`: per arm, the (URL, [API server pid, its children's]) it is sent to."""
+    arms = tuple(servers)
     import httpx
     rows = []
     limits = httpx.Limits(max_connections=max(levels) + 4)
@@ -134,12 +142,13 @@ async def run(base, model, pids, levels, rounds, max_tokens, streams) -> list[di
         for stream in streams:
             for clients in levels:
                 totals = {arm: {"tokens": 0, "wall": 0.0, "api": 0.0, "engine": 0.0}
-                          for arm in ARMS}
-                per_round = {arm: [] for arm in ARMS}
+                          for arm in arms}
+                per_round = {arm: [] for arm in arms}
                 sizes = []
                 for r in range(rounds + 1):
-                    order = ARMS if r % 2 == 0 else ARMS[::-1]
+                    order = arms if r % 2 == 0 else arms[::-1]
                     for arm in order:
+                        base, pids = servers[arm]
                         got = await round_of(client, base, model, arm, clients, max_tokens,
                                              stream, r == 0, pids)
                         if r == 0:
@@ -153,12 +162,12 @@ async def run(base, model, pids, levels, rounds, max_tokens, streams) -> list[di
                        "mean support": round(statistics.mean(sizes), 1),
                        "mask bytes/step (host form)":
                            round(4 * statistics.mean(sizes) * clients + 20 * clients)}
-                for arm in ARMS:
+                for arm in arms:
                     t = totals[arm]
                     row[f"{arm} tok/s"] = round(t["tokens"] / t["wall"], 1)
                     row[f"{arm} api us/tok"] = round(t["api"] / t["tokens"] * 1e6, 1)
                     row[f"{arm} engine us/tok"] = round(t["engine"] / t["tokens"] * 1e6, 1)
-                for arm in ARMS[1:]:
+                for arm in arms[1:]:
                     pairs = list(zip(per_round[arm], per_round["off"]))
                     row[f"{arm}/off tok/s"] = round(statistics.median(
                         (a["tokens"] / a["wall"]) / (o["tokens"] / o["wall"]) for a, o in pairs), 3)
@@ -177,20 +186,26 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--stream", choices=("both", "yes", "no"), default="both",
                     help="streamed requests, non-streamed ones, or both (default)")
+    ap.add_argument("--stock", action="store_true",
+                    help="also a server without --return-sampling-mask (the stock arm)")
     args = ap.parse_args()
     streams = {"both": (True, False), "yes": (True,), "no": (False,)}[args.stream]
 
     from vllm_sampling_mask.demo import server_process
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log_path = os.path.join(tempfile.gettempdir(), f"bench-serving-{port}.log")
     print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
-    with server_process(port, log_path, extra=["--served-model-name", "demo"],
-                        runner="v1") as (base, proc):
-        pids = [proc.pid] + descendants(proc.pid)
-        asyncio.run(run(base, "demo", pids, args.clients, args.rounds, args.max_tokens,
-                        streams))
+    servers = {}
+    with contextlib.ExitStack() as stack:
+        for name, mask in (("mask", True), ("stock", False))[:1 + args.stock]:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            log_path = os.path.join(tempfile.gettempdir(), f"bench-serving-{name}-{port}.log")
+            base, proc = stack.enter_context(server_process(
+                port, log_path, extra=["--served-model-name", "demo"], runner="v1", mask=mask))
+            pids = [proc.pid] + descendants(proc.pid)
+            for arm in (ARMS if mask else ("stock",)):
+                servers[arm] = (base, pids)
+        asyncio.run(run(servers, "demo", args.clients, args.rounds, args.max_tokens, streams))
     print(f"load average after: {os.getloadavg()[0]:.2f}", flush=True)
 
 
