@@ -33,6 +33,12 @@ block is `4 R (3 + W)` plus the spare slots (docs/design.md).
     python benchmarks/bench_serving.py
     python benchmarks/bench_serving.py --clients 8 32 --rounds 5 --max-tokens 64
     python benchmarks/bench_serving.py --stock --stream yes --clients 32
+    python benchmarks/bench_serving.py --hand-off    # no server: the per-token path alone
+
+`--hand-off` times, without a server, what the API server does per streamed token of a
+masked request in lists format: the output processor's `MaskAccumulator.append` of the
+engine core's bytes, the delta's `mask`, the stream hand-off's `SamplingMask.concat` of
+the chunk's one part, its lists and their JSON (2,000 tokens of 24 ids, best of 7).
 
 Linux only (/proc); the bench's own client shares the machine's cores with the server.
 """
@@ -179,6 +185,27 @@ async def run(servers: dict, model, levels, rounds, max_tokens, streams) -> list
     return rows
 
 
+def hand_off(tokens: int = 2000, size: int = 24, repeat: int = 7) -> float:
+    """Microseconds per token of the API server's per-token path of a masked stream
+    (see the module docstring)."""
+    import numpy as np
+
+    from vllm_sampling_mask.accumulator import MaskAccumulator
+    from vllm_sampling_mask.sampling_mask import SamplingMask
+    rng = np.random.default_rng(0)
+    ids = np.sort(rng.choice(4096, size, replace=False)).astype("<i4").tobytes()
+    counts = np.array([size], "<i4").tobytes()
+    best = float("inf")
+    for _ in range(repeat):
+        acc = MaskAccumulator()
+        t0 = time.process_time()
+        for t in range(tokens):
+            acc.append(ids, counts)
+            json.dumps(SamplingMask.concat([acc.mask(t, t + 1)]).token_ids)
+        best = min(best, time.process_time() - t0)
+    return best / tokens * 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, nargs="+", default=[8, 32])
@@ -188,7 +215,12 @@ def main() -> None:
                     help="streamed requests, non-streamed ones, or both (default)")
     ap.add_argument("--stock", action="store_true",
                     help="also a server without --return-sampling-mask (the stock arm)")
+    ap.add_argument("--hand-off", action="store_true",
+                    help="only the per-token path of a masked stream, without a server")
     args = ap.parse_args()
+    if args.hand_off:
+        print(json.dumps({"hand-off us/token": round(hand_off(), 2)}))
+        return
     streams = {"both": (True, False), "yes": (True,), "no": (False,)}[args.stream]
 
     from vllm_sampling_mask.demo import server_process
