@@ -290,11 +290,17 @@ class StreamMasks:
     gave no chunk; `[]` for a chunk built from no output (the chat role chunk);
     null for a request without a mask; null with `sampling_mask_reason` from the
     chunk that holds the token where a request that never asked lost its mask on.
+
+    A request that said `return_sampling_mask: false` (`asked`) carries no mask
+    and loses none, so `watch` hands its results on untouched. While a request
+    carries no mask and lost none, a chunk of one choice gets its null written
+    into upstream's text (`_with_null_mask`), where a masked chunk is parsed and
+    written again.
     """
 
     def __init__(self, choice_index: Callable[[int, object], int] | None = None,
                  indexed: bool = False, packed: bool = False,
-                 logprobs: bool = False) -> None:
+                 logprobs: bool = False, asked: bool | None = None) -> None:
         # (prompt index, CompletionOutput) -> the chunk's choice index
         self._choice_index = choice_index or (lambda _prompt, completion: completion.index)
         self._indexed = indexed  # results are (prompt index, RequestOutput) pairs
@@ -303,8 +309,20 @@ class StreamMasks:
         self._masked = False
         self._packed = packed    # `sampling_mask_format: "packed"`
         self._logprobs = logprobs  # `return_sampling_mask_logprobs: true`
+        self._unasked = asked is False and not logprobs  # no mask can come
 
-    async def watch(self, results: AsyncIterator):
+    @classmethod
+    def of(cls, request, choice_index: Callable[[int, object], int] | None = None,
+           indexed: bool = False) -> StreamMasks:
+        """The hand-off of `request`'s stream, in the format and with the fields its
+        body asked for."""
+        return cls(choice_index, indexed, packed=packed_format(request),
+                   logprobs=asks_logprobs(request), asked=request.return_sampling_mask)
+
+    def watch(self, results: AsyncIterator) -> AsyncIterator:
+        return results if self._unasked else self._watching(results)
+
+    async def _watching(self, results: AsyncIterator):
         try:
             async for item in results:
                 prompt, res = item if self._indexed else (0, item)
@@ -332,6 +350,9 @@ class StreamMasks:
             await events.aclose()
 
     def _with_masks(self, event: str) -> str:
+        if not (self._masked or self._reasons) and (
+                nulled := _with_null_mask(event)) is not None:
+            return nulled
         chunk = _event_json(event)
         if chunk is None or not chunk.get("choices"):
             return event  # [DONE], an error event, the usage chunk
@@ -368,6 +389,23 @@ class _Reached(list):
         for completion in super().__iter__():
             self._reach(completion)
             yield completion
+
+
+# how upstream's compact JSON opens a chunk's first choice, and a choice object
+_FIRST_CHOICE = '"choices":[{"index":'
+_CHOICE = '{"index":'
+
+
+def _with_null_mask(event: str) -> str | None:
+    """A chunk event of exactly one choice with `"sampling_mask":null` written
+    into that choice's text (as its first key); None for any other event (no
+    choice, several, a tool call's indexed delta, a mask already written). A
+    JSON string holds no unescaped quote, so `{"index":` in the text is an
+    object's key, never a string's content."""
+    if (event.count(_CHOICE) != 1 or _FIRST_CHOICE not in event
+            or '"sampling_mask' in event):
+        return None
+    return event.replace(_FIRST_CHOICE, '"choices":[{"sampling_mask":null,"index":', 1)
 
 
 def _event_json(event: str) -> dict | None:

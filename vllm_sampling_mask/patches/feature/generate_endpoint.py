@@ -45,10 +45,9 @@ from collections.abc import AsyncGenerator
 
 from vllm_sampling_mask.config import serving_mask_enabled
 from vllm_sampling_mask.errors import SamplingMaskGenerationError
-from vllm_sampling_mask.patches._http import (StreamMasks, answered, asks_logprobs,
-                                              error_response_class, forward_body_field,
-                                              full_response_with_masks, open_stream,
-                                              packed_format, refusing)
+from vllm_sampling_mask.patches._http import (StreamMasks, answered, error_response_class,
+                                              forward_body_field, full_response_with_masks,
+                                              open_stream, refusing)
 from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps
 from vllm_sampling_mask.releases import Release
 
@@ -98,7 +97,7 @@ def apply(module, release: Release) -> None:
                 args, kwargs = with_argument(wrapped, args, kwargs, "result_generator",
                                            lambda results: every_choice_first(results, n))
             return wrapped(*args, **kwargs)
-        masks = StreamMasks(packed=packed_format(request), logprobs=asks_logprobs(request))
+        masks = StreamMasks.of(request)
         args, kwargs = with_argument(wrapped, args, kwargs, "result_generator",
             lambda results: masks.watch(every_choice_first(results, n)))
         return masks.chunks(wrapped(*args, **kwargs))

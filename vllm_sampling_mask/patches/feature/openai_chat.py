@@ -21,9 +21,8 @@ Remove when: upstream returns the mask from this endpoint (vLLM #49577, in 0.28,
 from __future__ import annotations
 
 from vllm_sampling_mask.config import serving_mask_enabled
-from vllm_sampling_mask.patches._http import (StreamMasks, asks_logprobs, create_with_masks,
-                                              full_response_with_masks,
-                                              packed_format)
+from vllm_sampling_mask.patches._http import (StreamMasks, create_with_masks,
+                                              full_response_with_masks)
 from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps
 from vllm_sampling_mask.releases import Release
 
@@ -44,6 +43,6 @@ def apply(module, release: Release) -> None:
         if not serving_mask_enabled(self):
             return wrapped(*args, **kwargs)
         request = argument(wrapped, args, kwargs, "request")
-        masks = StreamMasks(packed=packed_format(request), logprobs=asks_logprobs(request))
+        masks = StreamMasks.of(request)
         args, kwargs = with_argument(wrapped, args, kwargs, "result_generator", masks.watch)
         return masks.chunks(wrapped(*args, **kwargs))

@@ -23,8 +23,7 @@ Remove when: upstream returns the mask from this endpoint (vLLM #49577, in 0.28,
 from __future__ import annotations
 
 from vllm_sampling_mask.config import serving_mask_enabled
-from vllm_sampling_mask.patches._http import (StreamMasks, asks_logprobs, create_with_masks,
-                                              packed_format,
+from vllm_sampling_mask.patches._http import (StreamMasks, create_with_masks, packed_format,
                                               raise_mask_errors, set_choice_mask)
 from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps
 from vllm_sampling_mask.releases import Release
@@ -53,8 +52,7 @@ def apply(module, release: Release) -> None:
             return wrapped(*args, **kwargs)
         request = argument(wrapped, args, kwargs, "request")
         n = request.n or 1
-        masks = StreamMasks(lambda prompt, completion: completion.index + prompt * n,
-                            indexed=True, packed=packed_format(request),
-                            logprobs=asks_logprobs(request))
+        masks = StreamMasks.of(
+            request, lambda prompt, completion: completion.index + prompt * n, indexed=True)
         args, kwargs = with_argument(wrapped, args, kwargs, "result_generator", masks.watch)
         return masks.chunks(wrapped(*args, **kwargs))
