@@ -1,9 +1,11 @@
 """The compiled part of the build; all other metadata lives in pyproject.toml.
 
-`vllm_sampling_mask._packed_native` is the packed wire's encoder in C
-(`packed_wire` uses it when it is built and its own numpy and plain-Python
-encoders, which write the same bytes, when it is not). It is optional: without a
-C compiler the install goes on without it.
+Two small C extensions, each optional (without a C compiler the install goes on
+without them, and the modules that use them fall back to their own numpy code,
+which gives the same results):
+- `vllm_sampling_mask._packed_native`, the packed wire's encoder (`packed_wire`);
+- `vllm_sampling_mask._supports_native`, a CPU host's supports in one pass over
+  the logits (`extraction.extract_on_host`).
 
 The site hook `vllm_sampling_mask.pth` is added to the wheel by the in-tree
 build backend in `_build/backend.py` (setuptools has no option for a file at
@@ -12,5 +14,6 @@ the root of site-packages that works for editable installs too).
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("vllm_sampling_mask._packed_native",
-                             ["vllm_sampling_mask/_packed_native.c"], optional=True)])
+setup(ext_modules=[
+    Extension(f"vllm_sampling_mask.{name}", [f"vllm_sampling_mask/{name}.c"], optional=True)
+    for name in ("_packed_native", "_supports_native")])

@@ -37,9 +37,13 @@ On CPU (no GPU timings are possible there):
   impl       the two CPU implementations side by side, "host" (numpy) and "torch"
              (`extract_support(implementation=...)`), extraction and host decode,
              median of 200, on torch's threads (`--threads`)
+  onhost     what a CPU host's step runs (`extract_on_host`, with support
+             logprobs' values and the drawn tokens), compiled (`_supports_native`)
+             against numpy, taking turns on the same logits, median of 200 each
 
     python benchmarks/bench_extraction.py --cpu-sections host pickle
     python benchmarks/bench_extraction.py --cpu-sections impl --rows 32 --vocab 4096 --kinds top_k=50
+    python benchmarks/bench_extraction.py --cpu-sections onhost --rows 8 32 64 --vocab 4096 --kinds top_k=50
 """
 
 from __future__ import annotations
@@ -281,6 +285,34 @@ def run_impl(args) -> None:
                   flush=True)
 
 
+def run_on_host(args) -> None:
+    """`extract_on_host` compiled against numpy, taking turns on the same logits."""
+    from vllm_sampling_mask import extraction
+    from vllm_sampling_mask.extraction import extract_on_host
+
+    compiled = extraction._supports_native
+    if compiled is None:
+        print("onhost: _supports_native is not built here (no C compiler at install)")
+        return
+    print("extract_on_host per step, compiled vs numpy, taking turns, median of 200")
+    print(f"{'R':>5} {'V':>7} {'kind':>11} | {'C':>8} {'numpy':>8} {'C/numpy':>8}")
+    for rows in args.rows:
+        for kind in args.kinds:
+            logits, _ = processed_logits(rows, args.vocab, kind, "cpu")
+            sampled = logits.argmax(-1)
+            times = {"C": [], "numpy": []}
+            for _ in range(200):
+                for name, module in (("C", compiled), ("numpy", None)):
+                    extraction._supports_native = module
+                    t0 = time.perf_counter()
+                    extract_on_host(logits, None, 4096, sampled)
+                    times[name].append(time.perf_counter() - t0)
+            extraction._supports_native = compiled
+            c, py = (statistics.median(times[k]) for k in ("C", "numpy"))
+            print(f"{rows:>5} {args.vocab:>7} {kind:>11} | {c * 1e6:>6.0f}us "
+                  f"{py * 1e6:>6.0f}us {c / py:>8.3f}", flush=True)
+
+
 def run_pickle(args) -> None:
     """Pickled bytes of one step's StepMasks, flat (now) vs padded (before)."""
     print("pickled StepMasks per step (crosses processes under TP/PP)")
@@ -428,7 +460,7 @@ def main() -> None:
     ap.add_argument("--upstream", default=None,
                     help="vLLM 0.33.0 wheel, its extracted tree, or its " + UPSTREAM_FILE)
     ap.add_argument("--cpu-sections", nargs="+", default=["host", "pickle", "torch"],
-                    choices=["host", "pickle", "torch", "impl"])
+                    choices=["host", "pickle", "torch", "impl", "onhost"])
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads for the impl section (0: torch's default)")
     ap.add_argument("--cpu-worker", default=None, help=argparse.SUPPRESS)
@@ -446,7 +478,7 @@ def main() -> None:
         print("no CUDA device: GPU timings cannot be measured here; CPU sections only")
         for section in args.cpu_sections:
             {"host": run_host, "pickle": run_pickle, "torch": run_cpu_torch,
-             "impl": run_impl}[section](args)
+             "impl": run_impl, "onhost": run_on_host}[section](args)
 
 
 if __name__ == "__main__":

@@ -32,10 +32,11 @@ on the Triton path, a scratch of `R x V / 8` bytes of packed bits plus one
 int32 per 4096 logits, freed when the step's launches are done with it).
 
 On a CPU host the state skips the block: `extract_on_host` reads the logits
-with numpy straight into the host form (`HostSupports`: each row's whole
-support back to back, as `transport.StepMasks` holds it), with nothing to size,
-copy or decode; `ExtractionSettings.implementation` picks a block writer
-instead.
+straight into the host form (`HostSupports`: each row's whole support back to
+back, as `transport.StepMasks` holds it), with nothing to size, copy or decode,
+in one pass over their memory (`_supports_native`, C, where the install built
+it; numpy's two otherwise); `ExtractionSettings.implementation` picks a block
+writer instead.
 
 Three implementations write the same block: the Triton kernel (two launches,
 `_chunk_pass` and `_place_pass`, each program one chunk of one row; each logit
@@ -50,12 +51,18 @@ with an atomic); the decoded supports may not.
 from __future__ import annotations
 
 import inspect
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from vllm_sampling_mask.validation import DEFAULT_MAX_SIZE
+
+try:  # compiled where setup.py found a C compiler; numpy does the same without it
+    from vllm_sampling_mask import _supports_native
+except ImportError:  # pragma: no cover - exercised only where it was not built
+    _supports_native = None
 
 try:  # Triton is optional: CPU hosts without it use the torch implementation.
     import triton
@@ -643,19 +650,67 @@ def extract_on_host(processed_logits: torch.Tensor, rows: np.ndarray | None,
     x = processed_logits.detach().numpy()
     if rows is not None:
         rows = np.asarray(rows, dtype=np.int64)
-        x = x.take(rows, axis=0)
-    n = len(x)
+    supports = (_native_supports(x, rows, max_size, values)
+                if _supports_native is not None else None)
+    if supports is None:
+        supports = _numpy_supports(x if rows is None else x.take(rows, axis=0),
+                                   max_size, values)
+    counts, ids, offsets, read = supports
+    n = len(counts)
+    drawn = None
+    if sampled is not None:
+        tokens = sampled.detach().numpy().reshape(-1)
+        source = np.arange(n) if rows is None else rows
+        if rows is not None:
+            tokens = tokens.take(rows)
+        drawn = np.where(np.isfinite(x[source, tokens]), tokens, -1)
+        drawn[counts > max_size] = -1
+    layout = MaskLayout(n, max(1, min(max_size, vocab)), 0, vocab, max_size)
+    return DeviceMask(block=_NO_BLOCK, layout=layout, batch_rows=batch_rows, rows=rows,
+                      host=HostSupports(counts, ids, offsets, read, drawn))
+
+
+# `_native_supports`' room for the ids and logits of a step: R x min(V, N) of each,
+# kept per thread and grown when a step needs more (a fresh one each step would cost
+# more than the scan: the kernel maps and zeroes its pages), the step's own copied out
+_room = threading.local()
+
+
+def _room_for(items: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+    ids, values = getattr(_room, "arrays", (None, None))
+    if ids is None or len(ids) < items or values.dtype != dtype:
+        ids = np.empty(max(items, 1 << 16), dtype=np.int32)
+        values = np.empty(len(ids), dtype=dtype)
+        _room.arrays = ids, values
+    return ids, values
+
+
+def _native_supports(x: np.ndarray, rows: np.ndarray | None, max_size: int,
+                     values: bool) -> tuple | None:
+    """`_numpy_supports` of `x[rows]` by `_supports_native`, reading each row
+    where it lies; None where it does not take `x` (not C-ordered, say)."""
+    n = len(x) if rows is None else len(rows)
+    ids, read = _room_for(n * min(x.shape[1], max_size), x.dtype)
+    counts = np.empty(n, dtype=np.int32)
+    offsets = np.empty(n + 1, dtype=np.int64)
+    stored = _supports_native.finite_support(x, rows, max_size, ids,
+                                             read if values else None, counts, offsets)
+    if stored is None:
+        return None
+    return counts, ids[:stored].copy(), offsets, read[:stored].copy() if values else None
+
+
+def _numpy_supports(x: np.ndarray, max_size: int, values: bool) -> tuple:
+    """(counts, ids, offsets, values) of the finite entries of each row of `x`:
+    each row's true count (int32), the ids it stores ascending (int32, back to
+    back from `offsets[r]`, int64 [R + 1]: none for a row of more than
+    `max_size`) and, with `values`, the logits at those ids (None without)."""
+    n, vocab = x.shape
     flat = np.flatnonzero(np.isfinite(x))       # NaN and +inf are not finite logits
     offsets = np.searchsorted(flat, np.arange(0, (n + 1) * vocab, vocab))
     counts = np.diff(offsets).astype(np.int32)
     ids = (flat % vocab).astype(np.int32)
     read = x.reshape(-1).take(flat) if values else None
-    drawn = None
-    if sampled is not None:
-        tokens = sampled.detach().numpy().reshape(-1)
-        if rows is not None:
-            tokens = tokens.take(rows)
-        drawn = np.where(np.isfinite(x[np.arange(n), tokens]), tokens, -1)
     if counts.max(initial=0) > max_size:        # stored: none (an error, not a mask)
         over = counts > max_size
         stored = ~np.repeat(over, counts)
@@ -663,11 +718,7 @@ def extract_on_host(processed_logits: torch.Tensor, rows: np.ndarray | None,
         read = None if read is None else read[stored]
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.where(over, 0, counts), out=offsets[1:])
-        if drawn is not None:
-            drawn[over] = -1
-    layout = MaskLayout(n, max(1, min(max_size, vocab)), 0, vocab, max_size)
-    return DeviceMask(block=_NO_BLOCK, layout=layout, batch_rows=batch_rows, rows=rows,
-                      host=HostSupports(counts, ids, offsets, read, drawn))
+    return counts, ids, offsets, read
 
 
 def _extract_torch(logits: torch.Tensor, rows: torch.Tensor | None, block: torch.Tensor,
