@@ -325,8 +325,42 @@ def _mark_release_tier(config, items) -> None:
 
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: one worker per core, at most two (each worker starts its own
-    engines and shared server; more would trade memory for little)."""
+    engines; more would trade memory for little)."""
     return max(1, min(2, len(os.sched_getaffinity(0))))
+
+
+# The modules whose tests use the shared `mask_server`: one unit of work for the
+# workers (`pytest_xdist_make_scheduler`), so that one worker starts that server
+# rather than each (a start is ~45 s of CPU on a 2-core host, in every release
+# tier). `_check_mask_server_modules` holds the list to the fixture's users.
+MASK_SERVER_MODULES = frozenset(f"tests/test_{name}.py" for name in (
+    "bad_input", "distributed", "examples", "first_hour", "fuzz", "openai_routes",
+    "packed_wire_http", "replay_check", "rl_loop", "server", "soak",
+    "support_logprobs_http"))
+
+
+def _check_mask_server_modules(items) -> None:
+    users = {item.nodeid.split("::")[0] for item in items
+             if "mask_server" in getattr(item, "fixturenames", ())}
+    if users - MASK_SERVER_MODULES:
+        raise pytest.UsageError("tests/conftest.py MASK_SERVER_MODULES lacks modules that "
+                                f"use mask_server: {sorted(users - MASK_SERVER_MODULES)}")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pyproject's `--dist loadscope` (a module's tests on one worker, its engines
+    started once), with the mask server's modules as one scope."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneMaskServer(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.split("::", 1)[0] in MASK_SERVER_MODULES:
+                return "mask_server"
+            return super()._split_scope(nodeid)
+
+    return OneMaskServer(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -334,6 +368,7 @@ def pytest_collection_modifyitems(config, items):
     available; elsewhere they are reported as skipped, with the reason (never
     silently deselected)."""
     _mark_release_tier(config, items)
+    _check_mask_server_modules(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is "

@@ -1,10 +1,11 @@
 """The stream hand-off (`patches._http.StreamMasks`) without a server: a chunk of
-a request that carries no mask gets its `"sampling_mask": null` written into
-upstream's text, and that text parses to what the JSON path writes, for every
-chunk shape the routes emit and for hostile content; a request that said false
-is handed on untouched; a dropped mask's reason and a masked chunk still take
-the JSON path. (The routes end to end: tests/test_openai_routes.py,
-tests/test_server.py, tests/test_first_hour.py.)"""
+one choice gets its mask fields written into upstream's text, and that text
+parses to what the JSON path writes, for every chunk shape the routes emit, for
+hostile content and for every kind of field (null, lists, packed, support
+logprobs, a dropped mask's reason); other chunks take the JSON path; a request
+that said false is handed on untouched. (The routes end to end:
+tests/test_openai_routes.py, tests/test_server.py, tests/test_first_hour.py,
+tests/test_packed_wire_http.py, tests/test_support_logprobs_http.py.)"""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import asyncio
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_sampling_mask.patches._http import StreamMasks, _with_null_mask
+from vllm_sampling_mask.patches._http import (_NO_MASK, StreamMasks, _single_choice_index,
+                                              _with_fields)
 from vllm_sampling_mask.sampling_mask import SamplingMask
 
 
@@ -30,9 +33,9 @@ def parsed(event_text: str) -> dict:
     return json.loads(event_text[len("data: "):])
 
 
-def with_null(chunk: dict) -> dict:
-    """What the JSON path writes for a chunk of a request without a mask."""
-    return {**chunk, "choices": [{**c, "sampling_mask": None} for c in chunk["choices"]]}
+def with_fields(chunk: dict, fields: dict) -> dict:
+    """The chunk with `fields` set on every choice (what the JSON path writes)."""
+    return {**chunk, "choices": [{**c, **fields} for c in chunk["choices"]]}
 
 
 HEAD = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "demo"}
@@ -48,19 +51,27 @@ ONE_CHOICE = {
                                   "logprobs": {"content": [{"token": "{\"index\":",
                                                             "logprob": -0.5}]},
                                   "finish_reason": "stop", "token_ids": [7, 8]}]},
-    "generate": {"request_id": "r", "choices": [{"index": 2, "token_ids": [5],
+    "generate": {"request_id": "r", "choices": [{"index": 12, "token_ids": [5],
                                                  "logprobs": None, "finish_reason": None}]},
+}
+FIELDS = {
+    "null": _NO_MASK,
+    "lists": {"sampling_mask": [[3, 12], [7, 8, 9]]},
+    "packed": {"sampling_mask": SamplingMask.from_lists([[3, 12]]).to_packed()},
+    "logprobs": {"sampling_mask": [[3, 12]], "sampling_mask_logprobs": [[-0.25, -1.5]],
+                 "sampling_mask_log_kept": [-0.125]},
+    "reason": {"sampling_mask": None, "sampling_mask_reason": "wider than \"128\" ids"},
 }
 
 
+@pytest.mark.parametrize("fields", FIELDS)
 @pytest.mark.parametrize("shape", ONE_CHOICE)
-def test_one_choice_chunks_get_the_null_in_their_text(shape):
+def test_one_choice_chunks_get_their_fields_in_their_text(shape, fields):
     chunk = ONE_CHOICE[shape]
-    written = _with_null_mask(event(chunk))
-    assert written is not None and written.endswith("\n\n")
-    assert parsed(written) == with_null(chunk)
-    # the JSON path writes the same object
-    assert parsed(StreamMasks()._with_masks(event(chunk))) == with_null(chunk)
+    assert _single_choice_index(event(chunk)) == chunk["choices"][0]["index"]
+    written = _with_fields(event(chunk), FIELDS[fields])
+    assert written.endswith("\n\n")
+    assert parsed(written) == with_fields(chunk, FIELDS[fields])
 
 
 @pytest.mark.parametrize("chunk", [
@@ -69,12 +80,13 @@ def test_one_choice_chunks_get_the_null_in_their_text(shape):
     {**HEAD, "object": "chat.completion.chunk",                          # a tool call delta
      "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "t"}]}}]},
     {**HEAD, "choices": [{"index": 0, "text": "a", "sampling_mask": [[1]]}]},
-], ids=["usage", "two choices", "tool call", "mask written"])
+    {**HEAD, "choices": [{"index": -1, "text": "a"}]},
+    {**HEAD, "choices": [{"index": None}]},
+], ids=["usage", "two choices", "tool call", "mask written", "negative", "null index"])
 def test_other_chunks_are_left_to_the_json_path(chunk):
-    assert _with_null_mask(event(chunk)) is None
-    assert _with_null_mask("data: [DONE]\n\n") is None
-    # which writes every choice's null (the usage chunk has none)
-    assert parsed(StreamMasks()._with_masks(event(chunk))) == with_null(chunk)
+    assert _single_choice_index(event(chunk)) is None
+    assert _single_choice_index("data: [DONE]\n\n") is None
+    assert _single_choice_index('data: {"choices":[{"index":7') is None   # cut short
 
 
 TEXT = st.text(alphabet=st.sampled_from(list('{}[]":,\\ \n\tindexchoices"é😀')),
@@ -83,15 +95,15 @@ TEXT = st.text(alphabet=st.sampled_from(list('{}[]":,\\ \n\tindexchoices"é😀'
 
 @settings(max_examples=300, deadline=None)
 @given(index=st.integers(0, 2 ** 31), text=TEXT, token=TEXT,
-       extra=st.dictionaries(TEXT, TEXT | st.integers() | st.none(), max_size=3))
+       extra=st.dictionaries(TEXT, TEXT | st.integers() | st.none(), max_size=3),
+       fields=st.sampled_from(list(FIELDS.values())))
 def test_the_text_path_parses_to_the_json_paths_object_whatever_the_content(
-        index, text, token, extra):
+        index, text, token, extra, fields):
     chunk = {"id": text, "choices": [{"index": index, "text": text, **extra,
                                       "logprobs": {"tokens": [token]}}],
              "usage": None, **{k + "_": v for k, v in extra.items()}}
-    written = _with_null_mask(event(chunk))
-    assert written is not None
-    assert parsed(written) == with_null(chunk)
+    assert _single_choice_index(event(chunk)) == index
+    assert parsed(_with_fields(event(chunk), fields)) == with_fields(chunk, fields)
 
 
 def completion(mask=None, reason=None, index=0):
@@ -99,12 +111,13 @@ def completion(mask=None, reason=None, index=0):
                            sampling_mask_error=None)
 
 
-async def run(masks: StreamMasks, outputs: list, chunks: list[dict]) -> list[str]:
+async def run(masks: StreamMasks, results: list, chunks: list[dict]) -> list[dict]:
     """Drive the hand-off as a route does: upstream's generator iterates each
-    result's outputs (through `watch`), then yields its chunk's event."""
-    async def results():
-        for output in outputs:
-            yield SimpleNamespace(outputs=[output])
+    result's outputs (through `watch`), then yields its chunk's event; the
+    events parsed."""
+    async def engine():
+        for outputs in results:
+            yield SimpleNamespace(outputs=outputs)
 
     async def upstream(results):
         async for res in results:
@@ -112,31 +125,53 @@ async def run(masks: StreamMasks, outputs: list, chunks: list[dict]) -> list[str
                 pass
             yield event(chunks.pop(0))
 
-    return [e async for e in masks.chunks(upstream(masks.watch(results())))]
+    return [parsed(e) async for e in masks.chunks(upstream(masks.watch(engine())))]
+
+
+def request(asked=None, packed=False, logprobs=None):
+    return SimpleNamespace(sampling_mask_format="packed" if packed else "lists",
+                           return_sampling_mask=asked,
+                           return_sampling_mask_logprobs=logprobs)
 
 
 def test_a_request_that_said_false_is_handed_on_untouched():
-    masks = StreamMasks.of(SimpleNamespace(sampling_mask_format="lists",
-                                           return_sampling_mask=False,
-                                           return_sampling_mask_logprobs=None))
+    masks = StreamMasks.of(request(asked=False))
     results = object()
     assert masks.watch(results) is results
     chunk = ONE_CHOICE["completions"]
-    assert [parsed(e) for e in asyncio.run(run(masks, [completion()], [chunk]))] == \
-        [with_null(chunk)]
+    assert asyncio.run(run(masks, [[completion()]], [chunk])) == \
+        [with_fields(chunk, _NO_MASK)]
 
 
-def test_a_dropped_mask_and_a_masked_chunk_take_the_json_path():
+@pytest.mark.parametrize("packed", [False, True])
+def test_masked_chunks_one_choice_or_several_carry_their_tokens_supports(packed):
+    one, two = SamplingMask.from_lists([[3, 12]]), SamplingMask.from_lists([[5], [6, 7]])
     chunk = ONE_CHOICE["completions"]
+    both = {**HEAD, "choices": [{"index": 0, "text": "a"}, {"index": 1, "text": "b"}]}
+    got = asyncio.run(run(StreamMasks.of(request(packed=packed)),
+                          [[completion(one)], [completion(two), completion(one, index=1)]],
+                          [chunk, both]))
+
+    def payload(mask):
+        return mask.to_packed() if packed else mask.token_ids
+    assert got[0] == with_fields(chunk, {"sampling_mask": payload(one)})
+    assert [c["sampling_mask"] for c in got[1]["choices"]] == [payload(two), payload(one)]
+    assert [SamplingMask.from_response(c) for c in got[1]["choices"]] == [two, one]
+
+
+def test_support_logprobs_and_a_dropped_mask_in_the_text():
+    logprobs = SamplingMask(np.array([3, 12], np.int32), np.array([0, 2]),
+                            np.array([-0.5, -1.0], np.float32), np.array([-0.25], np.float32))
+    chunk = ONE_CHOICE["completions"]
+    got = asyncio.run(run(StreamMasks.of(request(logprobs=True)),
+                          [[completion(logprobs)]], [chunk]))
+    assert got == [with_fields(chunk, {"sampling_mask": [[3, 12]],
+                                       "sampling_mask_logprobs": [[-0.5, -1.0]],
+                                       "sampling_mask_log_kept": [-0.25]})]
     # a request that never asked: null, then the reason from the drop on
     reason = "dropped: wider than --max-sampling-mask-size 128"
-    out = asyncio.run(run(StreamMasks(), [completion(), completion(reason=reason)],
-                          [chunk, chunk]))
-    assert [parsed(e) for e in out] == [
-        with_null(chunk), {**with_null(chunk), "choices": [
-            {**chunk["choices"][0], "sampling_mask": None,
-             "sampling_mask_reason": reason}]}]
-    # a masked request: its chunk's supports
-    mask = SamplingMask.from_lists([[3, 12]])
-    (out,) = asyncio.run(run(StreamMasks(), [completion(mask)], [chunk]))
-    assert parsed(out)["choices"][0]["sampling_mask"] == [[3, 12]]
+    got = asyncio.run(run(StreamMasks.of(request()),
+                          [[completion()], [completion(reason=reason)]], [chunk, chunk]))
+    assert got == [with_fields(chunk, _NO_MASK),
+                   with_fields(chunk, {"sampling_mask": None,
+                                       "sampling_mask_reason": reason})]

@@ -291,11 +291,11 @@ class StreamMasks:
     null for a request without a mask; null with `sampling_mask_reason` from the
     chunk that holds the token where a request that never asked lost its mask on.
 
-    A request that said `return_sampling_mask: false` (`asked`) carries no mask
-    and loses none, so `watch` hands its results on untouched. While a request
-    carries no mask and lost none, a chunk of one choice gets its null written
-    into upstream's text (`_with_null_mask`), where a masked chunk is parsed and
-    written again.
+    A chunk of one choice (every chunk but the usage one, a tool call's and, on
+    some routes, n > 1's) gets those fields written into upstream's text
+    (`_with_fields`); any other is parsed and written again. A request that said
+    `return_sampling_mask: false` (`asked`) carries no mask and loses none, so
+    `watch` hands its results on untouched.
     """
 
     def __init__(self, choice_index: Callable[[int, object], int] | None = None,
@@ -350,31 +350,33 @@ class StreamMasks:
             await events.aclose()
 
     def _with_masks(self, event: str) -> str:
-        if not (self._masked or self._reasons) and (
-                nulled := _with_null_mask(event)) is not None:
-            return nulled
+        index = _single_choice_index(event)
+        if index is not None:
+            return _with_fields(event, self._fields(index))
         chunk = _event_json(event)
         if chunk is None or not chunk.get("choices"):
             return event  # [DONE], an error event, the usage chunk
         for choice in chunk["choices"]:
-            parts = self._pending.pop(choice["index"], [])
-            if choice["index"] in self._reasons:   # this token on: no mask, and why
-                choice["sampling_mask"] = None
-                choice["sampling_mask_reason"] = self._reasons[choice["index"]]
-                continue
-            if not self._masked:
-                choice["sampling_mask"] = None
-                continue
-            if parts:
-                mask = SamplingMask.concat(parts)
-            else:
-                mask = (SamplingMask.from_lists([], [], []) if self._logprobs
-                        else SamplingMask.from_lists([]))
-            choice["sampling_mask"] = mask_payload(mask, self._packed)
-            if self._logprobs and not self._packed and mask.logprobs is not None:
-                choice["sampling_mask_logprobs"] = mask.logprob_lists()
-                choice["sampling_mask_log_kept"] = mask.log_kept.tolist()
+            choice.update(self._fields(choice["index"]))
         return f"data: {_CHUNK_JSON.encode(chunk)}\n\n"
+
+    def _fields(self, index: int) -> dict:
+        """The mask fields of the chunk choice `index`, taking what is pending for it."""
+        parts = self._pending.pop(index, [])
+        if index in self._reasons:   # this token on: no mask, and why
+            return {"sampling_mask": None, "sampling_mask_reason": self._reasons[index]}
+        if not self._masked:
+            return _NO_MASK
+        if parts:
+            mask = SamplingMask.concat(parts)
+        else:
+            mask = (SamplingMask.from_lists([], [], []) if self._logprobs
+                    else SamplingMask.from_lists([]))
+        fields = {"sampling_mask": mask_payload(mask, self._packed)}
+        if self._logprobs and not self._packed and mask.logprobs is not None:
+            fields["sampling_mask_logprobs"] = mask.logprob_lists()
+            fields["sampling_mask_log_kept"] = mask.log_kept.tolist()
+        return fields
 
 
 class _Reached(list):
@@ -394,18 +396,35 @@ class _Reached(list):
 # how upstream's compact JSON opens a chunk's first choice, and a choice object
 _FIRST_CHOICE = '"choices":[{"index":'
 _CHOICE = '{"index":'
+# the fields of a chunk choice without a mask, and their text
+_NO_MASK = {"sampling_mask": None}
+_NO_MASK_TEXT = '"sampling_mask":null'
 
 
-def _with_null_mask(event: str) -> str | None:
-    """A chunk event of exactly one choice with `"sampling_mask":null` written
-    into that choice's text (as its first key); None for any other event (no
-    choice, several, a tool call's indexed delta, a mask already written). A
-    JSON string holds no unescaped quote, so `{"index":` in the text is an
-    object's key, never a string's content."""
-    if (event.count(_CHOICE) != 1 or _FIRST_CHOICE not in event
-            or '"sampling_mask' in event):
+def _single_choice_index(event: str) -> int | None:
+    """The index of the one choice of a chunk event, read from its text; None for
+    any other event (no choice, several, a tool call's indexed delta, mask fields
+    already there). A JSON string holds no unescaped quote, so `{"index":` in the
+    text is an object's key, never a string's content."""
+    if event.count(_CHOICE) != 1 or '"sampling_mask' in event:
         return None
-    return event.replace(_FIRST_CHOICE, '"choices":[{"sampling_mask":null,"index":', 1)
+    at = event.find(_FIRST_CHOICE)
+    if at < 0:
+        return None
+    start = at + len(_FIRST_CHOICE)
+    end = start
+    while end < len(event) and event[end].isdigit():
+        end += 1
+    if end == start or end == len(event) or event[end] not in ",}":
+        return None
+    return int(event[start:end])
+
+
+def _with_fields(event: str, fields: dict) -> str:
+    """`event`, a chunk of one choice (`_single_choice_index`), with `fields`
+    written into that choice's text as its first keys."""
+    text = _NO_MASK_TEXT if fields is _NO_MASK else _CHUNK_JSON.encode(fields)[1:-1]
+    return event.replace(_FIRST_CHOICE, f'"choices":[{{{text},"index":', 1)
 
 
 def _event_json(event: str) -> dict | None:
