@@ -15,5 +15,6 @@ the root of site-packages that works for editable installs too).
 from setuptools import Extension, setup
 
 setup(ext_modules=[
-    Extension(f"vllm_sampling_mask.{name}", [f"vllm_sampling_mask/{name}.c"], optional=True)
+    Extension(f"vllm_sampling_mask.{name}", [f"vllm_sampling_mask/{name}.c"],
+              depends=["vllm_sampling_mask/_native_buffer.h"], optional=True)
     for name in ("_packed_native", "_supports_native")])

@@ -13,10 +13,8 @@
  * (anything but a valid mask) gets None back, and packed_wire's encoder then
  * raises its ValueError naming what is wrong.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_native_buffer.h"
 #include <stdint.h>
-#include <string.h>
 
 static const char ALPHABET[] =
     "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -205,30 +203,6 @@ static size_t capacity(Py_ssize_t n, Py_ssize_t tokens)
               + ((size_t)3 * n + (size_t)2 * tokens + 7) / 8;
 }
 
-/* A 1-D, C-ordered buffer of native signed integers of `itemsize` bytes from
- * `object` (a numpy array, array.array, memoryview); 0, or -1 with no error set
- * when `object` is not one. */
-static int integer_buffer(PyObject *object, Py_buffer *view, Py_ssize_t itemsize)
-{
-    if (PyObject_GetBuffer(object, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-        PyErr_Clear();
-        return -1;
-    }
-    const char *format = view->format ? view->format : "B";
-    if (*format == '@' || *format == '=')
-        format++;
-#if PY_LITTLE_ENDIAN
-    else if (*format == '<')
-        format++;
-#endif
-    int integer = format[0] != '\0' && format[1] == '\0' && strchr("ilq", format[0]) != NULL;
-    if (view->ndim != 1 || view->itemsize != itemsize || !integer) {
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
-
 PyDoc_STRVAR(encode_v2_doc,
 "encode_v2(ids, offsets) -> str | None: the `data` text of the packed-rice-v2\n"
 "object of a mask; `ids` the supports' ids back to back (1-D int32, C order),\n"
@@ -243,9 +217,9 @@ static PyObject *encode_v2(PyObject *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     Py_buffer ids, offsets;
-    if (integer_buffer(args[0], &ids, 4) < 0)
+    if (typed_buffer(args[0], &ids, 1, "ilq", 4, 0) < 0)
         Py_RETURN_NONE;
-    if (integer_buffer(args[1], &offsets, 8) < 0) {
+    if (typed_buffer(args[1], &offsets, 1, "ilq", 8, 0) < 0) {
         PyBuffer_Release(&ids);
         Py_RETURN_NONE;
     }
@@ -285,12 +259,4 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "vllm_sampling_mask._packed_native",
-    "The packed wire's encoder, compiled (see packed_wire).", -1, methods,
-};
-
-PyMODINIT_FUNC PyInit__packed_native(void)
-{
-    return PyModule_Create(&module);
-}
+NATIVE_MODULE(_packed_native, "The packed wire's encoder, compiled (see packed_wire).")

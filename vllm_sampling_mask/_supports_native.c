@@ -17,10 +17,8 @@
  * Optional, like _packed_native: setup.py builds it when a C compiler is there.
  * Input it does not take as it is gets None back, and the caller uses numpy.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_native_buffer.h"
 #include <stdint.h>
-#include <string.h>
 
 #define BLOCK 16
 
@@ -65,39 +63,6 @@ DEFINE_SCAN(scan16, uint16_t, 0x7c00u)
 DEFINE_SCAN(scan32, uint32_t, 0x7f800000u)
 DEFINE_SCAN(scan64, uint64_t, 0x7ff0000000000000ull)
 
-/* The single format character of a native-order buffer, or 0. */
-static char native_format(const Py_buffer *view)
-{
-    const char *format = view->format ? view->format : "B";
-    if (*format == '@' || *format == '=')
-        format++;
-#if PY_LITTLE_ENDIAN
-    else if (*format == '<')
-        format++;
-#endif
-    return format[0] != '\0' && format[1] == '\0' ? format[0] : 0;
-}
-
-/* A C-contiguous buffer of `ndim` dimensions whose format is one of `formats`
- * (and whose items are `itemsize` bytes, when that is not 0); writable if asked.
- * 0, or -1 with no error set when `object` is not one. */
-static int buffer_of(PyObject *object, Py_buffer *view, int ndim, const char *formats,
-                     Py_ssize_t itemsize, int writable)
-{
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(object, view, flags) < 0) {
-        PyErr_Clear();
-        return -1;
-    }
-    char format = native_format(view);
-    if (view->ndim != ndim || format == 0 || strchr(formats, format) == NULL
-            || (itemsize && view->itemsize != itemsize)) {
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
-
 PyDoc_STRVAR(finite_support_doc,
 "finite_support(x, rows, max_size, ids, values, counts, offsets) -> int | None\n\n"
 "The finite entries of the rows of `x` (2-D float32, float64 or float16, C order)\n"
@@ -122,18 +87,18 @@ static PyObject *finite_support(PyObject *self, PyObject *const *args, Py_ssize_
     int have_rows = args[1] != Py_None, have_values = args[4] != Py_None;
     int taken = 0;    /* the arguments are ones it takes: an int comes back */
     Py_ssize_t stored = 0;
-    if (max_size < 0 || buffer_of(args[0], &x, 2, "efd", 0, 0) < 0)
+    if (max_size < 0 || typed_buffer(args[0], &x, 2, "efd", 0, 0) < 0)
         Py_RETURN_NONE;
     char x_format[2] = {native_format(&x), '\0'};
-    if (have_rows && buffer_of(args[1], &rows, 1, "lq", 8, 0) < 0)
+    if (have_rows && typed_buffer(args[1], &rows, 1, "lq", 8, 0) < 0)
         goto no_rows;
-    if (buffer_of(args[3], &ids, 1, "il", 4, 1) < 0)
+    if (typed_buffer(args[3], &ids, 1, "il", 4, 1) < 0)
         goto no_ids;
-    if (have_values && buffer_of(args[4], &values, 1, x_format, x.itemsize, 1) < 0)
+    if (have_values && typed_buffer(args[4], &values, 1, x_format, x.itemsize, 1) < 0)
         goto no_values;
-    if (buffer_of(args[5], &counts, 1, "il", 4, 1) < 0)
+    if (typed_buffer(args[5], &counts, 1, "il", 4, 1) < 0)
         goto no_counts;
-    if (buffer_of(args[6], &offsets, 1, "lq", 8, 1) < 0)
+    if (typed_buffer(args[6], &offsets, 1, "lq", 8, 1) < 0)
         goto no_offsets;
 
     Py_ssize_t batch = x.shape[0], vocab = x.shape[1];
@@ -194,12 +159,4 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "vllm_sampling_mask._supports_native",
-    "A CPU host's supports, compiled (see extraction.extract_on_host).", -1, methods,
-};
-
-PyMODINIT_FUNC PyInit__supports_native(void)
-{
-    return PyModule_Create(&module);
-}
+NATIVE_MODULE(_supports_native, "A CPU host's supports, compiled (see extraction.extract_on_host).")
