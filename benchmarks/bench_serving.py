@@ -36,12 +36,12 @@ block is `4 R (3 + W)` plus the spare slots (docs/design.md).
     python benchmarks/bench_serving.py --hand-off    # no server: the per-token path alone
 
 `--hand-off` times, without a server, what the API server does per streamed token of a
-request on a mask server, beyond upstream's own work: for a masked request in lists
-format, the output processor's `MaskAccumulator.append` of the engine core's bytes, the
-delta's `mask`, then the stream hand-off (`StreamMasks`) taking that mask for the
-chunk's choice and writing it into upstream's chunk event (a `/v1/completions` chunk of
-one token); for a request without a mask, the hand-off writing its null into the same
-event (2,000 tokens of 24 ids, best of 7).
+request on a mask server beyond upstream's own work, in three parts that take turns
+(2,000 tokens of 24 ids, best of 7): `accumulator`, the output processor's
+`MaskAccumulator.append` of the engine core's bytes and the delta's `mask`; `hand-off,
+masked`, the stream hand-off (`StreamMasks`) taking that mask for the chunk's choice
+and writing it, as lists, into upstream's chunk event (a `/v1/completions` chunk of one
+token); `hand-off, no mask`, the hand-off writing a null into the same event.
 
 Linux only (/proc); the bench's own client shares the machine's cores with the server.
 """
@@ -195,8 +195,8 @@ CHUNK = ('data: {"id":"cmpl-8f1c2a3b4c5d6e7f8a9b0c1d2e3f4a5b","object":"text_com
 
 
 def hand_off(tokens: int = 2000, size: int = 24, repeat: int = 7) -> dict:
-    """Microseconds per token of the API server's per-token path of a stream, masked
-    and without a mask (see the module docstring)."""
+    """Microseconds per streamed token of the API server's per-token paths (see the
+    module docstring), best of `repeat`, the three taking turns."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -206,22 +206,36 @@ def hand_off(tokens: int = 2000, size: int = 24, repeat: int = 7) -> dict:
     rng = np.random.default_rng(0)
     ids = np.sort(rng.choice(4096, size, replace=False)).astype("<i4").tobytes()
     counts = np.array([size], "<i4").tobytes()
-    output = SimpleNamespace(index=0, sampling_mask=None, sampling_mask_reason=None)
-    best = {"masked": float("inf"), "no mask": float("inf")}
+    masks = MaskAccumulator()
+    masks.append(ids, counts)
+    output = SimpleNamespace(index=0, sampling_mask=masks.mask(0, 1),
+                             sampling_mask_reason=None)
+
+    def accumulator():      # the output processor: append, then the delta's mask
+        acc = MaskAccumulator()
+        for t in range(tokens):
+            acc.append(ids, counts)
+            acc.mask(t, t + 1)
+
+    def stream(masked: bool):   # the stream hand-off: the chunk's mask into its event
+        def run():
+            hand_off = StreamMasks()
+            hand_off._masked = masked   # as `watch` sets it from the outputs
+            for _ in range(tokens):
+                if masked:
+                    hand_off._reach(0, output)
+                hand_off._with_masks(CHUNK)
+        return run
+
+    paths = {"accumulator": accumulator, "hand-off, masked": stream(True),
+             "hand-off, no mask": stream(False)}
+    best = dict.fromkeys(paths, float("inf"))
     for _ in range(repeat):
-        for kind in best:
-            acc, masks = MaskAccumulator(), StreamMasks()
-            masks._masked = kind == "masked"    # as `watch` sets it from the outputs
+        for name, path in paths.items():
             t0 = time.process_time()
-            for t in range(tokens):
-                if kind == "masked":
-                    acc.append(ids, counts)
-                    output.sampling_mask = acc.mask(t, t + 1)
-                    masks._reach(0, output)
-                masks._with_masks(CHUNK)
-            best[kind] = min(best[kind], time.process_time() - t0)
-    return {f"hand-off us/token, {kind}": round(t / tokens * 1e6, 2)
-            for kind, t in best.items()}
+            path()
+            best[name] = min(best[name], time.process_time() - t0)
+    return {f"{name} us/token": round(t / tokens * 1e6, 2) for name, t in best.items()}
 
 
 def main() -> None:

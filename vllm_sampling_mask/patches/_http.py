@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from collections.abc import AsyncIterator, Callable
 
 from typing import Literal
@@ -393,12 +394,12 @@ class _Reached(list):
             yield completion
 
 
-# how upstream's compact JSON opens a chunk's first choice, and a choice object
-_FIRST_CHOICE = '"choices":[{"index":'
+# a choice object in upstream's compact JSON, and a chunk's first one with its index
 _CHOICE = '{"index":'
+_FIRST_CHOICE = re.compile(r'"choices":\[\{"index":(\d+)[,}]')
 # the fields of a chunk choice without a mask, and their text
 _NO_MASK = {"sampling_mask": None}
-_NO_MASK_TEXT = '"sampling_mask":null'
+_NO_MASK_TEXT = _CHUNK_JSON.encode(_NO_MASK)[1:-1]
 
 
 def _single_choice_index(event: str) -> int | None:
@@ -408,23 +409,15 @@ def _single_choice_index(event: str) -> int | None:
     text is an object's key, never a string's content."""
     if event.count(_CHOICE) != 1 or '"sampling_mask' in event:
         return None
-    at = event.find(_FIRST_CHOICE)
-    if at < 0:
-        return None
-    start = at + len(_FIRST_CHOICE)
-    end = start
-    while end < len(event) and event[end].isdigit():
-        end += 1
-    if end == start or end == len(event) or event[end] not in ",}":
-        return None
-    return int(event[start:end])
+    first = _FIRST_CHOICE.search(event)
+    return None if first is None else int(first[1])
 
 
 def _with_fields(event: str, fields: dict) -> str:
     """`event`, a chunk of one choice (`_single_choice_index`), with `fields`
     written into that choice's text as its first keys."""
     text = _NO_MASK_TEXT if fields is _NO_MASK else _CHUNK_JSON.encode(fields)[1:-1]
-    return event.replace(_FIRST_CHOICE, f'"choices":[{{{text},"index":', 1)
+    return event.replace('"choices":[{"index":', f'"choices":[{{{text},"index":', 1)
 
 
 def _event_json(event: str) -> dict | None:
