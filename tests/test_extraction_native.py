@@ -155,3 +155,20 @@ def test_extract_on_host_gives_the_same_host_form_with_it_or_without(monkeypatch
         same((with_c.counts, with_c.ids, with_c.offsets, with_c.values),
              (without.counts, without.ids, without.offsets, without.values))
         np.testing.assert_array_equal(with_c.drawn, without.drawn)
+
+
+def test_a_step_it_does_not_take_is_extracted_by_numpy(monkeypatch):
+    """Logits whose rows are not contiguous (a strided view): `_supports_native`
+    refuses them, and `extract_on_host` gives numpy's supports for them."""
+    wide = np.full((3, 80), -np.inf, dtype=np.float32)
+    wide[0, [4, 10]] = 1.0
+    wide[2, [0, 78]] = 2.0
+    logits = torch.from_numpy(wide)[:, ::2]
+    calls = []
+    monkeypatch.setattr(extraction, "_numpy_supports",
+                        lambda *args, _real=extraction._numpy_supports:
+                        calls.append(1) or _real(*args))
+    host = extraction.extract_on_host(logits, None, 64).host
+    assert calls == [1]
+    assert host.counts.tolist() == [2, 0, 2]
+    assert host.ids.tolist() == [2, 5, 0, 39]
