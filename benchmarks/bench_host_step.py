@@ -14,6 +14,12 @@ per row, the mean over `--repeats` calls of:
   torch nonzero      the same pass in torch (not used: slower)
   scaled top (torch) `support_logprobs.scaled_top_logprob` over every row
   scaled top (numpy) the same sum of exp in numpy (what it replaced)
+  hop pickle         the worker -> engine core hop's part for the mask: the step's
+                     `StepMasks` (from `extract_on_host`, with drawn tokens) pickled
+                     and unpickled as vLLM's queue does, its arrays in one buffer
+                     (`StepMasks.__reduce__`)
+  hop pickle, arrays the same fields pickled as arrays, one by one (what a
+                     dataclass pickles by default, and what the hop carried before)
 
 "warm" repeats the call back to back; "cold" reads a 16 MB buffer before each
 call, as a step's forward pass leaves the caches holding the model. In an
@@ -23,6 +29,7 @@ engine the calls cost more still (`bench_step_cost.py --timers`).
 from __future__ import annotations
 
 import argparse
+import pickle
 import time
 
 import numpy as np
@@ -30,6 +37,7 @@ import torch
 
 from vllm_sampling_mask.extraction import extract_on_host
 from vllm_sampling_mask.support_logprobs import scaled_top_logprob
+from vllm_sampling_mask.transport import MaskCopy
 
 
 def word_scan(x: np.ndarray) -> np.ndarray:
@@ -75,6 +83,9 @@ def main() -> None:
         logits = logits.log_softmax(dim=1)
         x, sampled, every = logits.numpy(), top.indices[:, 0].clone(), np.arange(rows)
         assert (word_scan(x) == np.flatnonzero(np.isfinite(x))).all()
+        masks = MaskCopy(extract_on_host(logits, None, 4096, sampled, values=False),
+                         None).result(np.ones(rows, dtype=np.int64))
+        fields = dict(vars(masks))
         calls = {
             "extract_on_host": lambda: extract_on_host(logits, None, 4096, sampled,
                                                        values=False),
@@ -83,6 +94,8 @@ def main() -> None:
             "torch nonzero": lambda: torch.isfinite(logits).view(-1).nonzero(),
             "scaled top (torch)": lambda: scaled_top_logprob(scaled, every),
             "scaled top (numpy)": lambda: numpy_scaled_top(scaled.numpy()),
+            "hop pickle": lambda: pickle.loads(pickle.dumps(masks, protocol=5)),
+            "hop pickle, arrays": lambda: pickle.loads(pickle.dumps(fields, protocol=5)),
         }
         for name, call in calls.items():
             warm = mean_us(call, args.repeats, None)

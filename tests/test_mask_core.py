@@ -3,13 +3,15 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vllm_sampling_mask import SamplingMask
 from vllm_sampling_mask.accumulator import MaskAccumulator
 from vllm_sampling_mask.extraction import (DEFAULT_SETTINGS, ExtractionSettings,
                                            MaskLayout, extract_selected, extract_support,
                                            plan_layout, plan_step)
-from vllm_sampling_mask.transport import MaskCopy
+from vllm_sampling_mask.transport import MaskCopy, StepMasks
 from vllm_sampling_mask.validation import DEFAULT_MAX_SIZE, resolve_request, startup_errors
 
 
@@ -108,6 +110,79 @@ def test_step_masks_cross_processes_flat_not_padded():
         assert back.row(r).tolist() == torch.nonzero(
             torch.isfinite(logits[r])).view(-1).tolist()
         assert back.problem(r, 0) is None
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, np.ndarray):
+        return (isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape
+                and np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
+    return type(a) is type(b) and a == b
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_step_masks_pickle_as_one_buffer_and_come_back_whole(data):
+    """The worker -> engine core hop pickles a step's `StepMasks`: its arrays
+    travel as one buffer (no numpy object in the pickle), and every field comes
+    back equal, of its dtype and shape, aligned and writable, from any arrays
+    a step holds: empty, strided views, 0-d, NaN in the logprobs, absent."""
+    import pickle
+
+    def array(dtype, n):
+        kind = np.dtype(dtype).kind
+        if kind == "f":
+            values = st.floats(allow_nan=True, width=32)
+        elif kind == "b":
+            values = st.booleans()
+        else:
+            values = st.integers(-2**31, 2**31 - 1)
+        a = np.array(data.draw(st.lists(values, min_size=n, max_size=n)), dtype=dtype)
+        step = data.draw(st.sampled_from([1, 1, 2]))   # a strided view now and then
+        return np.repeat(a, step)[::step] if step > 1 else a
+
+    def maybe(dtype):
+        if data.draw(st.booleans()):
+            return None
+        return array(dtype, data.draw(st.integers(0, 9)))
+
+    n = data.draw(st.integers(0, 9))
+    masks = StepMasks(
+        row_of=array(np.int64, n), counts=array(np.int32, n),
+        ids=array(np.int32, data.draw(st.integers(0, 40))), offsets=array(np.int64, n + 1),
+        width=data.draw(st.integers(1, 64)), wide=frozenset(data.draw(st.sets(st.integers(0, 9)))),
+        lost=frozenset(), max_size=data.draw(st.integers(1, 10**6)),
+        asked_rows=maybe(np.bool_), logprobs=maybe(np.float32), log_kept=maybe(np.float32),
+        idle=data.draw(st.integers(0, 3)), first_row=maybe(np.int64),
+        drawn=data.draw(st.sampled_from([None, np.array(5, dtype=np.int64)]))
+        if data.draw(st.booleans()) else maybe(np.int64))
+    pickled = pickle.dumps(masks, protocol=pickle.HIGHEST_PROTOCOL)
+    assert b"numpy" not in pickled
+    back = pickle.loads(pickled)
+    assert type(back) is StepMasks and vars(back).keys() == vars(masks).keys()
+    for name, value in vars(masks).items():
+        assert _same(value, getattr(back, name)), name
+        if isinstance(value, np.ndarray):
+            assert getattr(back, name).flags.aligned and getattr(back, name).flags.writeable
+
+
+def test_step_masks_of_a_step_read_the_same_after_the_hop():
+    """A real step's `StepMasks` (the host form, drawn tokens included) reads
+    the same rows, problems and wire after a pickle round trip."""
+    import pickle
+    from vllm_sampling_mask.extraction import extract_on_host
+
+    logits = _processed(rows=8, vocab=300, k=7, seed=3)
+    logits[5] = float("-inf")                 # a row with no support
+    logits[6, :] = 0.0                        # a row over the size limit below
+    sampled = logits.argmax(dim=1)
+    host = MaskCopy(extract_on_host(logits, None, 100, sampled), pool=None).result(
+        np.ones(8, dtype=np.int64))
+    back = pickle.loads(pickle.dumps(host, protocol=pickle.HIGHEST_PROTOCOL))
+    for r in range(8):
+        assert back.row(r).tolist() == host.row(r).tolist()
+        for token in (int(sampled[r]), 0, 299):
+            assert back.problem(r, token) == host.problem(r, token)
+    assert _same(back.drawn, host.drawn)
 
 
 TIE_MARGIN = DEFAULT_SETTINGS.tie_margin

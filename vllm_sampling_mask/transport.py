@@ -24,6 +24,7 @@ into page-locked memory from torch's caching host allocator.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 
@@ -104,6 +105,26 @@ class StepMasks:
     # to its row's `drawn` is then checked by one comparison (`WireRows.drawn`);
     # any other goes through `problem`. None: check every token (`suspects`).
     drawn: np.ndarray | None = None
+
+    def __reduce__(self):
+        """Pickled (the worker -> engine core hop: vLLM's queue pickles the
+        step's `ModelRunnerOutput`) as one buffer holding every array back to
+        back, each segment padded to 8 bytes, with their dtypes and shapes and
+        the other fields beside. Pickled one by one, a step's five to nine
+        small arrays each go through numpy's own reduction, which cost 10-40
+        us more per step (`python benchmarks/bench_host_step.py`, the "hop
+        pickle" rows)."""
+        layout, segments, rest = [], [], {}
+        for name, value in self.__dict__.items():
+            if isinstance(value, np.ndarray):
+                layout.append((name, value.dtype.str, value.shape))
+                value = np.ascontiguousarray(value)
+                segments.append(value)
+                if value.nbytes % 8:
+                    segments.append(bytes(8 - value.nbytes % 8))
+            else:
+                rest[name] = value
+        return _step_masks, (bytearray().join(segments), tuple(layout), rest)
 
     def rows(self, request: int, n: int) -> np.ndarray:
         """The batch rows of the first `n` tokens request `request` emitted."""
@@ -189,6 +210,20 @@ class StepMasks:
 
     def wire(self) -> "WireRows":
         return WireRows(self)
+
+
+def _step_masks(buffer: bytearray, layout: tuple, rest: dict) -> StepMasks:
+    """`StepMasks.__reduce__`'s counterpart: the arrays are views of the one
+    buffer, writable as unpickled arrays are."""
+    masks = StepMasks.__new__(StepMasks)
+    fields = masks.__dict__
+    fields.update(rest)
+    at = 0
+    for name, dtype, shape in layout:
+        array = np.frombuffer(buffer, dtype, math.prod(shape), at)
+        fields[name] = array.reshape(shape)
+        at += -(-array.nbytes // 8) * 8
+    return masks
 
 
 class WireRows:
