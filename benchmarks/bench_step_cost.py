@@ -6,12 +6,22 @@ The protocol the step-cost goal is judged by (docs/sampling_mask.md, "Cost"):
   vLLM's default, so every process hop is in the figure), the same model and
   settings, both `--logprobs-mode processed_logprobs`: one with
   `return_sampling_mask=True`, one without;
-- per point (model, batch), `--pairs` alternating pairs (off then on, then on then
-  off, ...) of the same seeded `LLM.generate` call (top_k 50, top_p 0.95); the pair's
-  ratio is on/off throughput (off time over on time: the same tokens);
+- per point (model, batch), `--pairs` pairs of the same seeded `LLM.generate` call
+  (top_k 50, top_p 0.95); each arm of a pair is as many calls as take about
+  `--arm-seconds` (10; the count measured on a warm call of each engine), and the
+  arms take turns call by call (off, on, on, off, ...); the pair's ratio is on/off
+  throughput (the off arm's time over the on arm's: the same tokens). One call
+  per arm (`--arm-seconds 0`, the protocol before 2026-12-02) left a pair's ratio
+  to this machine's call-to-call noise: identical calls of one engine vary by
+  5-8% here, about as much as a loop of pure arithmetic does;
 - reported: the median of the pair ratios and its interquartile range; a point
   whose range is wider than `--max-iqr` (3%) is "inconclusive", else "met" when
   the median reaches `--goal` (0.97), else "not met";
+- before each timed call, both engines' processes are let go quiet (`Settle`),
+  with their idle polling shortened from 1 s to 0.25 s (`idle_poll.py`): after a
+  call vLLM's worker polls its queue for a second on the core both workers are
+  bound to, which the other engine's next call otherwise ran beside;
+  `--upstream-poll` and `--no-settle` put back each as it was before 2026-12-02;
 - one more point per batch on the mask-on engine: requests asking for support
   logprobs vs mask only (the same alternating pairs);
 - the machine's load average before and after, and the release;
@@ -59,7 +69,9 @@ for _name in ("TRITON_INTERPRET", "VLLM_USE_V2_MODEL_RUNNER"):
     os.environ.pop(_name, None)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+IDLE_POLL_S = 0.25   # the engines' readers poll this long after a read (idle_poll.py)
 sys.path.insert(0, HERE)
+import idle_poll  # noqa: E402
 import step_timers  # noqa: E402
 from bench_v1_engine import model_path  # noqa: E402
 
@@ -91,7 +103,9 @@ def workload(batch: int, max_tokens: int, extra_args: dict | None = None):
 
 
 def timed(llm, prompts, params, cpu: "CpuProbe | None" = None,
-          client_timers: dict | None = None) -> float:
+          client_timers: dict | None = None, settle: "Settle | None" = None) -> float:
+    if settle is not None:
+        settle()
     if cpu is not None:
         cpu.start()
     before = step_timers.totals() if client_timers is not None else None
@@ -139,6 +153,51 @@ class CpuProbe:
             self.samples[name].append(b - a)
 
 
+class Settle:
+    """Before each timed call, waits until no engine process uses the CPU.
+
+    After a call, vLLM's worker keeps polling its shared-memory queue
+    (`sched_yield` in a loop) for a while: 1 s on 0.32 (`SpinCondition`'s
+    `busy_loop_s`), then it sleeps on a socket. On two cores, the other engine's
+    next call ran beside that poller, so in every pair the second call paid for
+    the first's: the on arm in one pair, the off arm in the next. Waiting for
+    quiet makes every call start alike. Quiet: the processes' CPU time over
+    `window` seconds is under `quiet` of one core (the kernel counts it in
+    10 ms ticks); at most `limit` seconds, and the calls that reach it are
+    counted."""
+
+    def __init__(self, processes, window: float = 0.1, quiet: float = 0.15,
+                 limit: float = 5.0) -> None:
+        self.processes = list(processes)
+        self.window, self.quiet, self.limit = window, quiet, limit
+        self.waited: list[float] = []
+        self.timeouts = 0
+
+    def _cpu(self) -> float:
+        total = 0.0
+        for proc in self.processes:
+            for p in [proc] + proc.children(recursive=True):
+                times = p.cpu_times()
+                total += times.user + times.system
+        return total
+
+    def __call__(self) -> None:
+        start = time.perf_counter()
+        while True:
+            before = self._cpu()
+            time.sleep(self.window)
+            if (self._cpu() - before) / self.window < self.quiet:
+                break
+            if time.perf_counter() - start > self.limit:
+                self.timeouts += 1
+                break
+        self.waited.append(time.perf_counter() - start)
+
+    def report(self) -> dict:
+        return {"calls": len(self.waited), "median_wait_s": statistics.median(self.waited),
+                "max_wait_s": max(self.waited), "timeouts": self.timeouts}
+
+
 def new_engine(**kwargs):
     """An `LLM` and the processes it started (its engine core)."""
     import psutil
@@ -161,15 +220,23 @@ def cpu_per_step(off: CpuProbe, on: CpuProbe, steps: int) -> dict:
     return report
 
 
-def pairs(first, second, n: int) -> list[float]:
-    """`n` alternating pairs of two timed calls; each pair's second-over-first
-    throughput ratio (first's time over second's)."""
+def pairs(first, second, n: int, calls: int = 1) -> list[float]:
+    """`n` pairs of two arms of `calls` timed calls each, the arms taking turns call
+    by call (first, second, second, first, ...: each pair starts with the arm the
+    one before ended with); each pair's second-over-first throughput ratio (the
+    first arm's total time over the second's)."""
     ratios = []
-    for i in range(n):
-        if i % 2 == 0:
-            a, b = first(), second()
-        else:
-            b, a = second(), first()
+    turn = 0
+    for _ in range(n):
+        a = b = 0.0
+        for _ in range(calls):
+            if turn % 2 == 0:
+                a += first()
+                b += second()
+            else:
+                b += second()
+                a += first()
+            turn += 1
         ratios.append(a / b)
     return ratios
 
@@ -215,7 +282,8 @@ def timers_per_step(folder: str, procs: dict, before: dict, client: dict) -> dic
 def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal: float,
             max_iqr: float, support: bool = True, both_off: bool = False,
             speculative: dict | None = None, cpu: bool = False,
-            timers: str | None = None) -> list[dict]:
+            timers: str | None = None, settle: bool = True,
+            arm_seconds: float = 0.0) -> list[dict]:
     common = dict(model=model, dtype="float32", max_model_len=512, enforce_eager=True,
                   seed=0, logprobs_mode="processed_logprobs",
                   kv_cache_memory_bytes=1 << 30, max_num_seqs=max(batches),
@@ -228,11 +296,14 @@ def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal:
         **common, return_sampling_mask=True)
     rows = []
     for batch in batches:
+        quiet = Settle(off_procs + on_procs) if settle else None
         prompts, params = workload(batch, max_tokens)
         _, with_logprobs = workload(batch, max_tokens,
                                     {"return_sampling_mask_logprobs": True})
         for llm in (off, on):                     # warm-up at this batch size
             llm.generate(prompts, params, use_tqdm=False)
+        call_s = statistics.fmean(timed(llm, prompts, params, settle=quiet) for llm in (off, on))
+        calls = max(1, round(arm_seconds / call_s))
         outs = on.generate(prompts[:1], params[:1], use_tqdm=False)
         assert (outs[0].outputs[0].sampling_mask is None) == both_off
         before = [acceptance(llm) for llm in (off, on)] if speculative else None
@@ -242,9 +313,11 @@ def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal:
         if timers:
             before = {arm: step_timers.collect(engine_pids(procs[arm]), timers)
                       for arm in procs}
-        mask = pairs(lambda: timed(off, prompts, params, probes[0], client["off"]),
-                     lambda: timed(on, prompts, params, probes[1], client["on"]), n_pairs)
-        row = {"batch": batch, "mask_on_vs_off": verdict(mask, goal, max_iqr)}
+        mask = pairs(lambda: timed(off, prompts, params, probes[0], client["off"], quiet),
+                     lambda: timed(on, prompts, params, probes[1], client["on"], quiet),
+                     n_pairs, calls)
+        row = {"batch": batch, "calls_per_arm": calls,
+               "mask_on_vs_off": verdict(mask, goal, max_iqr)}
         if cpu:   # the prefill gives the first token, each further step one more
             row["cpu_per_step"] = cpu_per_step(*probes, max_tokens)
         if timers:
@@ -255,8 +328,12 @@ def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal:
                 row[f"acceptance_{name}"] = (now[0] - accepted) / max(now[1] - drafted, 1)
         if support and not both_off:
             row["support_logprobs_vs_mask_only"] = verdict(
-                pairs(lambda: timed(on, prompts, params),
-                      lambda: timed(on, prompts, with_logprobs), n_pairs), goal, max_iqr)
+                pairs(lambda: timed(on, prompts, params, settle=quiet),
+                      lambda: timed(on, prompts, with_logprobs, settle=quiet), n_pairs,
+                      calls),
+                goal, max_iqr)
+        if quiet is not None:
+            row["settle"] = quiet.report()
         rows.append(row)
         print(json.dumps({"batch": batch, **{k: {x: v[x] for x in ("median", "iqr", "status")}
                                               if isinstance(v, dict) and "median" in v else v
@@ -285,6 +362,17 @@ def main() -> None:
     ap.add_argument("--timers", action="store_true",
                     help="also where the step's time goes: per function, wall time per "
                          "step in each process, off and on (step_timers.py)")
+    ap.add_argument("--arm-seconds", type=float, default=10.0,
+                    help="each arm of a pair runs as many calls as take about this "
+                         "long (at least one), the arms taking turns call by call; "
+                         "0: one call per arm (the protocol before 2026-12-02)")
+    ap.add_argument("--upstream-poll", action="store_true",
+                    help="leave the engines' idle polling as upstream has it (1 s "
+                         "after a call; idle_poll.py says why the bench shortens it)")
+    ap.add_argument("--no-settle", action="store_true",
+                    help="start each timed call at once, without waiting for the other "
+                         "engine's worker to stop polling (the protocol before "
+                         "2026-12-02; Settle says why it waits)")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args()
     if args.pairs < 4:
@@ -294,16 +382,21 @@ def main() -> None:
     report = {"vllm": vllm.__version__, "cpus": os.cpu_count(),
               "load_before": os.getloadavg(), "pairs": args.pairs,
               "max_tokens": args.max_tokens, "goal": args.goal, "max_iqr": args.max_iqr,
-              "speculative": args.speculative, "models": {}}
+              "speculative": args.speculative, "settle": not args.no_settle,
+              "arm_seconds": args.arm_seconds,
+              "idle_poll_s": None if args.upstream_poll else IDLE_POLL_S, "models": {}}
     workdir = tempfile.mkdtemp(prefix="bench_step_cost_")
+    # every process the engines start loads engine_site: the timers, the idle poll
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(HERE, "engine_site")]
+        + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    if not args.upstream_poll:
+        os.environ[idle_poll.ENV] = str(IDLE_POLL_S)
     timers = None
-    if args.timers:   # every process the engines start loads step_timers_site
+    if args.timers:
         timers = os.path.join(workdir, "timers")
         os.makedirs(timers)
         os.environ[step_timers.ENV] = timers
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            [os.path.join(HERE, "step_timers_site")]
-            + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
         step_timers.install()
     for name in args.models:
         path = model_path(name)
@@ -311,11 +404,13 @@ def main() -> None:
         report["models"][name] = measure(
             path, args.batches, args.pairs, args.max_tokens, args.goal, args.max_iqr,
             not args.no_support, args.both_off,
-            speculative_config(args.speculative, path, workdir), args.cpu, timers)
+            speculative_config(args.speculative, path, workdir), args.cpu, timers,
+            not args.no_settle, args.arm_seconds)
     report["load_after"] = os.getloadavg()
     print(f"\nV1 runner, vLLM {vllm.__version__}, {args.max_tokens} tokens, top_k 50, "
           f"top_p 0.95, speculative decoding {args.speculative or 'off'}, "
-          f"{args.pairs} alternating pairs per point; load "
+          f"{args.pairs} alternating pairs per point, each arm about "
+          f"{args.arm_seconds:g} s of calls; load "
           f"{report['load_before'][0]:.2f} before, {report['load_after'][0]:.2f} after")
     print(f"{'model':>12} {'batch':>5} | {'on/off median [IQR]':>26} {'':>12} | "
           f"{'logprobs/mask-only [IQR]':>26} {'':>12}")
@@ -332,6 +427,12 @@ def main() -> None:
             accepted = (f" | acceptance off {row['acceptance_off']:.3f}, on "
                         f"{row['acceptance_on']:.3f}" if "acceptance_on" in row else "")
             print(f"{name:>12} {row['batch']:>5} | {cells[0]:>39} | {cells[1]:>39}{accepted}")
+            print(f"{'':>12} {'':>5}   {row['calls_per_arm']} calls per arm")
+            if "settle" in row:
+                w = row["settle"]
+                print(f"{'':>12} {'':>5}   waited for quiet before each of {w['calls']} "
+                      f"calls: median {w['median_wait_s']:.2f} s, longest "
+                      f"{w['max_wait_s']:.2f} s, {w['timeouts']} reached the limit")
             for process, cpu in row.get("cpu_per_step", {}).items():
                 print(f"{'':>12} {'':>5}   CPU per step, {process}: off {cpu['off_us']:.0f} us, "
                       f"on {cpu['on_us']:.0f} us, added {cpu['added_us']:+.0f} us")

@@ -2,7 +2,7 @@
 each process of an engine (the worker, the engine core, the client).
 
 `bench_step_cost.py --timers` turns it on. Every process the engines start
-imports `step_timers_site/sitecustomize.py` (put on PYTHONPATH, with the output
+imports `engine_site/sitecustomize.py` (put on PYTHONPATH, with the output
 folder in VSM_STEP_TIMERS), which calls `install()`: post-import hooks that wrap
 the functions below, outermost (registered after the overlay's own hooks, so a
 function's figure includes what the overlay added to it). On SIGUSR2 a process

@@ -1,11 +1,16 @@
-"""Loaded at start-up by every process `bench_step_cost.py --timers` starts (it
-puts this folder on PYTHONPATH): installs `step_timers` there."""
+"""Loaded at start-up by every process `bench_step_cost.py` starts (it puts this
+folder on PYTHONPATH): installs in each engine process what the bench asked for
+through the environment, `step_timers` (VSM_STEP_TIMERS, `--timers`) and the
+short idle poll (VSM_IDLE_POLL_S, `idle_poll.py`)."""
 
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import idle_poll  # noqa: E402
 import step_timers  # noqa: E402
 
-step_timers.install()
+if os.environ.get(step_timers.ENV):
+    step_timers.install()
+idle_poll.install()
