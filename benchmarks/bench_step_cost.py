@@ -220,25 +220,34 @@ def cpu_per_step(off: CpuProbe, on: CpuProbe, steps: int) -> dict:
     return report
 
 
-def pairs(first, second, n: int, calls: int = 1) -> list[float]:
+def pairs(first, second, n: int, calls: int = 1,
+          times: tuple[list, list] | None = None) -> list[float]:
     """`n` pairs of two arms of `calls` timed calls each, the arms taking turns call
     by call (first, second, second, first, ...: each pair starts with the arm the
     one before ended with); each pair's second-over-first throughput ratio (the
-    first arm's total time over the second's)."""
+    first arm's total time over the second's). `times`: two lists that get each
+    arm's call times."""
     ratios = []
     turn = 0
     for _ in range(n):
         a = b = 0.0
         for _ in range(calls):
             if turn % 2 == 0:
-                a += first()
-                b += second()
+                x, y = first(), second()
             else:
-                b += second()
-                a += first()
-            turn += 1
+                y, x = second(), first()
+            a, b, turn = a + x, b + y, turn + 1
+            if times is not None:
+                times[0].append(x)
+                times[1].append(y)
         ratios.append(a / b)
     return ratios
+
+
+def spread(times: list[float]) -> dict:
+    """One arm's call times: their coefficient of variation (the machine's
+    call-to-call noise: the calls are identical), and the times."""
+    return {"cv": statistics.pstdev(times) / statistics.fmean(times), "seconds": times}
 
 
 def speculative_config(method: str | None, model: str, workdir: str) -> dict | None:
@@ -313,11 +322,13 @@ def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal:
         if timers:
             before = {arm: step_timers.collect(engine_pids(procs[arm]), timers)
                       for arm in procs}
+        times = ([], [])
         mask = pairs(lambda: timed(off, prompts, params, probes[0], client["off"], quiet),
                      lambda: timed(on, prompts, params, probes[1], client["on"], quiet),
-                     n_pairs, calls)
+                     n_pairs, calls, times)
         row = {"batch": batch, "calls_per_arm": calls,
-               "mask_on_vs_off": verdict(mask, goal, max_iqr)}
+               "mask_on_vs_off": verdict(mask, goal, max_iqr),
+               "calls": {"off": spread(times[0]), "on": spread(times[1])}}
         if cpu:   # the prefill gives the first token, each further step one more
             row["cpu_per_step"] = cpu_per_step(*probes, max_tokens)
         if timers:
@@ -427,7 +438,9 @@ def main() -> None:
             accepted = (f" | acceptance off {row['acceptance_off']:.3f}, on "
                         f"{row['acceptance_on']:.3f}" if "acceptance_on" in row else "")
             print(f"{name:>12} {row['batch']:>5} | {cells[0]:>39} | {cells[1]:>39}{accepted}")
-            print(f"{'':>12} {'':>5}   {row['calls_per_arm']} calls per arm")
+            print(f"{'':>12} {'':>5}   {row['calls_per_arm']} calls per arm; identical "
+                  f"calls varied by {row['calls']['off']['cv']:.1%} (off) and "
+                  f"{row['calls']['on']['cv']:.1%} (on), coefficient of variation")
             if "settle" in row:
                 w = row["settle"]
                 print(f"{'':>12} {'':>5}   waited for quiet before each of {w['calls']} "
