@@ -13,7 +13,7 @@ The protocol the step-cost goal is judged by (docs/sampling_mask.md, "Cost"):
   throughput (the off arm's time over the on arm's: the same tokens). One call
   per arm (`--arm-seconds 0`, the protocol before 2026-12-02) left a pair's ratio
   to this machine's call-to-call noise: identical calls of one engine vary by
-  5-8% here, about as much as a loop of pure arithmetic does;
+  5-9% here, about as much as a loop of pure arithmetic does;
 - reported: the median of the pair ratios and its interquartile range; a point
   whose range is wider than `--max-iqr` (3%) is "inconclusive", else "met" when
   the median reaches `--goal` (0.97), else "not met";
