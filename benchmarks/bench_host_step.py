@@ -20,6 +20,11 @@ per row, the mean over `--repeats` calls of:
                      (`StepMasks.__reduce__`)
   hop pickle, arrays the same fields pickled as arrays, one by one (what a
                      dataclass pickles by default, and what the hop carried before)
+  worker step        the worker's whole part of a step, as the V1 runner adapter and
+                     sampler adapter run it: the state's plan, the open step, its
+                     plan for the sampler's batch, the extraction, the host form,
+                     and the hop's pickle; also how many Python calls it makes
+                     (cProfile, once)
 
 "warm" repeats the call back to back; "cold" reads a 16 MB buffer before each
 call, as a step's forward pass leaves the caches holding the model. In an
@@ -29,7 +34,9 @@ engine the calls cost more still (`bench_step_cost.py --timers`).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import pickle
+import pstats
 import time
 
 import numpy as np
@@ -38,6 +45,7 @@ import torch
 from vllm_sampling_mask.extraction import extract_on_host
 from vllm_sampling_mask.support_logprobs import scaled_top_logprob
 from vllm_sampling_mask.transport import MaskCopy
+from vllm_sampling_mask.worker.state import SamplingMaskState
 
 
 def word_scan(x: np.ndarray) -> np.ndarray:
@@ -66,6 +74,23 @@ def mean_us(call, repeats: int, flush: np.ndarray | None) -> float:
     return total / repeats * 1e6
 
 
+def worker_step(state: SamplingMaskState, rows: int, logits, sampled, top_k) -> bytes:
+    """The worker's part of one step, from plan to the hop's pickle (every row
+    wants a mask, none asked for support logprobs)."""
+    plan = state.plan(slice(0, rows), top_k, None)
+    with state.step(plan) as step:
+        step.planned("bench_host_step", rows)
+        step.extract("bench_host_step", logits, sampled)
+    masks = MaskCopy(step.mask, None).result(np.ones(rows, dtype=np.int64))
+    return pickle.dumps(masks, protocol=5)
+
+
+def python_calls(call) -> int:
+    profile = cProfile.Profile()
+    profile.runcall(call)
+    return pstats.Stats(profile).total_calls - 1     # less the profiled call itself
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[8, 32, 64])
@@ -86,6 +111,9 @@ def main() -> None:
         masks = MaskCopy(extract_on_host(logits, None, 4096, sampled, values=False),
                          None).result(np.ones(rows, dtype=np.int64))
         fields = dict(vars(masks))
+        state = SamplingMaskState(rows, args.vocab)
+        state.requests.wants[:] = True
+        top_k = np.full(rows, 50)
         calls = {
             "extract_on_host": lambda: extract_on_host(logits, None, 4096, sampled,
                                                        values=False),
@@ -96,7 +124,10 @@ def main() -> None:
             "scaled top (numpy)": lambda: numpy_scaled_top(scaled.numpy()),
             "hop pickle": lambda: pickle.loads(pickle.dumps(masks, protocol=5)),
             "hop pickle, arrays": lambda: pickle.loads(pickle.dumps(fields, protocol=5)),
+            "worker step": lambda: worker_step(state, rows, logits, sampled, top_k),
         }
+        print(f"rows {rows:3d}  worker step: "
+              f"{python_calls(calls['worker step'])} Python calls")
         for name, call in calls.items():
             warm = mean_us(call, args.repeats, None)
             cold = mean_us(call, args.repeats, flush)

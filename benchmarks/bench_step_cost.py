@@ -70,6 +70,7 @@ for _name in ("TRITON_INTERPRET", "VLLM_USE_V2_MODEL_RUNNER"):
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 IDLE_POLL_S = 0.25   # the engines' readers poll this long after a read (idle_poll.py)
+ARM_SECONDS = 10.0   # each arm of a pair runs about this long of calls
 sys.path.insert(0, HERE)
 import idle_poll  # noqa: E402
 import step_timers  # noqa: E402
@@ -123,6 +124,12 @@ def timed(llm, prompts, params, cpu: "CpuProbe | None" = None,
     return elapsed
 
 
+def cpu_seconds(proc) -> float:
+    """A process's CPU time so far (psutil), user and system."""
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
 class CpuProbe:
     """CPU seconds of one engine's processes per timed call: its engine-core
     process, the worker processes that process started (vLLM 0.32's CPU build
@@ -135,13 +142,9 @@ class CpuProbe:
                                                 "client": []}
 
     def _cpu(self) -> tuple[float, float]:
-        core = workers = 0.0
-        for proc in self.engine:
-            times = proc.cpu_times()
-            core += times.user + times.system
-            for child in proc.children(recursive=True):
-                times = child.cpu_times()
-                workers += times.user + times.system
+        core = sum(cpu_seconds(proc) for proc in self.engine)
+        workers = sum(cpu_seconds(child) for proc in self.engine
+                      for child in proc.children(recursive=True))
         return workers, core
 
     def start(self) -> None:
@@ -174,12 +177,8 @@ class Settle:
         self.timeouts = 0
 
     def _cpu(self) -> float:
-        total = 0.0
-        for proc in self.processes:
-            for p in [proc] + proc.children(recursive=True):
-                times = p.cpu_times()
-                total += times.user + times.system
-        return total
+        return sum(cpu_seconds(p) for proc in self.processes
+                   for p in [proc] + proc.children(recursive=True))
 
     def __call__(self) -> None:
         start = time.perf_counter()
@@ -292,7 +291,7 @@ def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal:
             max_iqr: float, support: bool = True, both_off: bool = False,
             speculative: dict | None = None, cpu: bool = False,
             timers: str | None = None, settle: bool = True,
-            arm_seconds: float = 0.0) -> list[dict]:
+            arm_seconds: float = ARM_SECONDS) -> list[dict]:
     common = dict(model=model, dtype="float32", max_model_len=512, enforce_eager=True,
                   seed=0, logprobs_mode="processed_logprobs",
                   kv_cache_memory_bytes=1 << 30, max_num_seqs=max(batches),
@@ -373,7 +372,7 @@ def main() -> None:
     ap.add_argument("--timers", action="store_true",
                     help="also where the step's time goes: per function, wall time per "
                          "step in each process, off and on (step_timers.py)")
-    ap.add_argument("--arm-seconds", type=float, default=10.0,
+    ap.add_argument("--arm-seconds", type=float, default=ARM_SECONDS,
                     help="each arm of a pair runs as many calls as take about this "
                          "long (at least one), the arms taking turns call by call; "
                          "0: one call per arm (the protocol before 2026-12-02)")
