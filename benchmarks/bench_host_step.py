@@ -7,7 +7,10 @@ Per row count, on `--vocab`-wide processed logprobs with a top-k support of 50
 per row, the mean over `--repeats` calls of:
 
   extract_on_host    the host form's whole extraction (`extraction.extract_on_host`,
-                     with the sampler's tokens, no support logprobs)
+                     with the sampler's tokens, no support logprobs; where the
+                     compiled pass is built it also checks the drawn tokens)
+    drawn by numpy   the same with int32 tokens, which the compiled pass leaves to
+                     numpy (`extraction._numpy_drawn`: the path before it took them)
   flatnonzero        its vocabulary-wide pass alone (`isfinite` then `flatnonzero`)
   word scan          an alternative tried for that pass: `flatnonzero` over 8-byte
                      words, then only the words that hold an id (not used: slower)
@@ -107,6 +110,7 @@ def main() -> None:
         logits = torch.full_like(scaled, float("-inf")).scatter_(1, top.indices, top.values)
         logits = logits.log_softmax(dim=1)
         x, sampled, every = logits.numpy(), top.indices[:, 0].clone(), np.arange(rows)
+        sampled32 = sampled.to(torch.int32)
         assert (word_scan(x) == np.flatnonzero(np.isfinite(x))).all()
         masks = MaskCopy(extract_on_host(logits, None, 4096, sampled, values=False),
                          None).result(np.ones(rows, dtype=np.int64))
@@ -117,6 +121,9 @@ def main() -> None:
         calls = {
             "extract_on_host": lambda: extract_on_host(logits, None, 4096, sampled,
                                                        values=False),
+            # int32 tokens: the compiled pass leaves `drawn` to numpy (the path before)
+            "  drawn by numpy": lambda: extract_on_host(logits, None, 4096, sampled32,
+                                                        values=False),
             "flatnonzero": lambda: np.flatnonzero(np.isfinite(x)),
             "word scan": lambda: word_scan(x),
             "torch nonzero": lambda: torch.isfinite(logits).view(-1).nonzero(),

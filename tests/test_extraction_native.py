@@ -55,7 +55,8 @@ def steps(draw):
     rows = draw(st.none() | st.lists(st.integers(0, batch - 1), max_size=8).map(
         lambda r: np.array(r, dtype=np.int64)))
     max_size = draw(st.integers(0, vocab + 2))
-    return x, rows, max_size, draw(st.booleans())
+    tokens = rng.integers(0, vocab, batch)          # one drawn token per batch row
+    return x, rows, max_size, draw(st.booleans()), tokens
 
 
 def same(got, want) -> None:
@@ -76,10 +77,17 @@ def same(got, want) -> None:
 @settings(max_examples=400, deadline=None, derandomize=True, database=None)
 @given(steps())
 def test_the_compiled_supports_are_numpys(step):
-    x, rows, max_size, values = step
-    got = extraction._native_supports(x, rows, max_size, values)
+    """The same supports, and (given the drawn tokens) the same `drawn`: each row's
+    token where its logit is finite and the row within the limit, else -1."""
+    x, rows, max_size, values, tokens = step
+    got = extraction._native_supports(x, rows, max_size, values, tokens)
     assert got is not None
-    same(got, extraction._numpy_supports(x if rows is None else x[rows], max_size, values))
+    want = extraction._numpy_supports(x if rows is None else x[rows], max_size, values)
+    same(got[:4], want)
+    assert got[4].dtype == np.int64
+    np.testing.assert_array_equal(
+        got[4], extraction._numpy_drawn(x, rows, tokens, want[0], max_size))
+    assert extraction._native_supports(x, rows, max_size, values)[4] is None
 
 
 @needs_native
@@ -94,7 +102,7 @@ def test_wide_rows_and_rows_past_the_limit():
     x[4, np.arange(limit + 1) * 37] = 3.0
     x[5, 7] = np.nan
     for rows in (None, np.array([4, 3, 3, 2, 0, 1, 5], dtype=np.int64)):
-        got = extraction._native_supports(x, rows, limit, True)
+        got = extraction._native_supports(x, rows, limit, True)[:4]
         same(got, extraction._numpy_supports(x if rows is None else x[rows], limit, True))
     counts = extraction._native_supports(x, None, limit, False)[0]
     assert counts.tolist() == [vocab, 0, 2, limit, limit + 1, 0]
@@ -130,6 +138,19 @@ def test_arguments_it_does_not_take_are_left_to_numpy(case):
     assert native.finite_support(np.zeros((3, 40), np.float32), None, 40,
                                  np.empty(119, np.int32), None, np.empty(3, np.int32),
                                  np.empty(4, np.int64)) is None
+
+
+@needs_native
+@pytest.mark.parametrize("tokens, drawn", [
+    (np.zeros(2, np.int64), np.empty(3, np.int64)),     # a token short of x's rows
+    (np.zeros(3, np.int32), np.empty(3, np.int64)),     # int32 tokens
+    (np.zeros(3, np.int64), np.empty(2, np.int64)),     # no room for a row's token
+    (np.zeros(3, np.int64), np.empty(3, np.int32))])
+def test_drawn_tokens_it_does_not_take_are_refused(tokens, drawn):
+    x = np.full((3, 40), -np.inf, dtype=np.float32)
+    assert native.finite_support(x, None, 40, np.empty(120, np.int32), None,
+                                 np.empty(3, np.int32), np.empty(4, np.int64),
+                                 tokens, drawn) is None
 
 
 @needs_native

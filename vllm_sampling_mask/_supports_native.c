@@ -7,6 +7,8 @@
  * most of the mask's own cost in a CPU step. Here each row is read once, sixteen
  * logits at a time, and only a block that holds a finite logit is looked at one
  * by one: a truncated row is almost all -inf. The GIL is released while it reads.
+ * Given the tokens the sampler drew, it also says per row whether the support
+ * describes the draw (`HostSupports.drawn`), in the same pass.
  * Side by side: benchmarks/bench_extraction.py --cpu-sections onhost.
  *
  * A logit is finite when its exponent bits are not all ones (IEEE 754: that is
@@ -63,28 +65,43 @@ DEFINE_SCAN(scan16, uint16_t, 0x7c00u)
 DEFINE_SCAN(scan32, uint32_t, 0x7f800000u)
 DEFINE_SCAN(scan64, uint64_t, 0x7ff0000000000000ull)
 
+/* Whether logit `j` of a row of `itemsize`-byte floats is finite. */
+static int finite_at(const char *row, Py_ssize_t itemsize, Py_ssize_t j)
+{
+    if (itemsize == 4)
+        return (((const uint32_t *)row)[j] & 0x7f800000u) != 0x7f800000u;
+    if (itemsize == 8)
+        return (((const uint64_t *)row)[j] & 0x7ff0000000000000ull)
+               != 0x7ff0000000000000ull;
+    return (((const uint16_t *)row)[j] & 0x7c00u) != 0x7c00u;
+}
+
 PyDoc_STRVAR(finite_support_doc,
-"finite_support(x, rows, max_size, ids, values, counts, offsets) -> int | None\n\n"
+"finite_support(x, rows, max_size, ids, values, counts, offsets[, tokens, drawn])\n"
+"    -> int | None\n\n"
 "The finite entries of the rows of `x` (2-D float32, float64 or float16, C order)\n"
 "named by `rows` (1-D int64, or None: every row), in order: each row's count into\n"
 "`counts` (int32 [R]), its ids ascending into `ids` (int32) and, unless `values`\n"
 "is None, its logits into `values` (x's dtype), from `offsets[r]` (int64 [R + 1]);\n"
 "a row with more than `max_size` stores none. `ids` and `values` hold at least\n"
-"R * min(V, max_size) items. Returns how many ids were stored, or None for\n"
-"arguments it does not take (the caller then uses numpy).");
+"R * min(V, max_size) items. With `tokens` (1-D int64, the token drawn from\n"
+"each row of `x`), `drawn` (int64 [R]) gets each row's token where its logit is\n"
+"finite and the row within `max_size`, else -1. Returns how many ids were\n"
+"stored, or None for arguments it does not take (the caller then uses numpy).");
 
 static PyObject *finite_support(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError,
-                        "finite_support takes x, rows, max_size, ids, values, counts, offsets");
+    if (nargs != 7 && nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "finite_support takes x, rows, max_size, ids, "
+                        "values, counts, offsets and, optionally, tokens and drawn");
         return NULL;
     }
     Py_ssize_t max_size = PyLong_AsSsize_t(args[2]);
     if (max_size == -1 && PyErr_Occurred())
         return NULL;
-    Py_buffer x, rows = {0}, ids, values = {0}, counts, offsets;
+    Py_buffer x, rows = {0}, ids, values = {0}, counts, offsets, tokens = {0}, drawn = {0};
     int have_rows = args[1] != Py_None, have_values = args[4] != Py_None;
+    int have_tokens = nargs == 9 && args[7] != Py_None;
     int taken = 0;    /* the arguments are ones it takes: an int comes back */
     Py_ssize_t stored = 0;
     if (max_size < 0 || typed_buffer(args[0], &x, 2, "efd", 0, 0) < 0)
@@ -100,6 +117,10 @@ static PyObject *finite_support(PyObject *self, PyObject *const *args, Py_ssize_
         goto no_counts;
     if (typed_buffer(args[6], &offsets, 1, "lq", 8, 1) < 0)
         goto no_offsets;
+    if (have_tokens && typed_buffer(args[7], &tokens, 1, "lq", 8, 0) < 0)
+        goto no_tokens;
+    if (have_tokens && typed_buffer(args[8], &drawn, 1, "lq", 8, 1) < 0)
+        goto no_drawn;
 
     Py_ssize_t batch = x.shape[0], vocab = x.shape[1];
     Py_ssize_t n = have_rows ? rows.shape[0] : batch;
@@ -108,12 +129,15 @@ static PyObject *finite_support(PyObject *self, PyObject *const *args, Py_ssize_
     taken = counts.shape[0] == n && offsets.shape[0] == n + 1
             && ids.shape[0] >= n * width
             && (!have_values || values.shape[0] >= n * width)
-            && vocab <= INT32_MAX;
+            && vocab <= INT32_MAX
+            && (!have_tokens || (tokens.shape[0] == batch && drawn.shape[0] == n));
     for (Py_ssize_t r = 0; taken && row_index && r < n; r++)
         taken = row_index[r] >= 0 && row_index[r] < batch;
     if (taken) {
         int32_t *count_of = counts.buf;
         int64_t *offset_of = offsets.buf;
+        const int64_t *token_of = have_tokens ? tokens.buf : NULL;
+        int64_t *drawn_of = have_tokens ? drawn.buf : NULL;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t r = 0; r < n; r++) {
             Py_ssize_t source = row_index ? row_index[r] : r, count = 0;
@@ -130,11 +154,22 @@ static PyObject *finite_support(PyObject *self, PyObject *const *args, Py_ssize_
                 stored += scan16((const uint16_t *)row, vocab, max_size, row_ids,
                                  have_values ? (uint16_t *)values.buf + stored : NULL, &count);
             count_of[r] = (int32_t)count;
+            if (token_of) {
+                int64_t token = token_of[source];
+                drawn_of[r] = token >= 0 && token < vocab && count <= max_size
+                              && finite_at(row, x.itemsize, token) ? token : -1;
+            }
         }
         offset_of[n] = stored;
         Py_END_ALLOW_THREADS
     }
 
+    if (have_tokens)
+        PyBuffer_Release(&drawn);
+no_drawn:
+    if (have_tokens)
+        PyBuffer_Release(&tokens);
+no_tokens:
     PyBuffer_Release(&offsets);
 no_offsets:
     PyBuffer_Release(&counts);

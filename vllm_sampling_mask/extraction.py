@@ -650,21 +650,16 @@ def extract_on_host(processed_logits: torch.Tensor, rows: np.ndarray | None,
     x = processed_logits.detach().numpy()
     if rows is not None:
         rows = np.asarray(rows, dtype=np.int64)
-    supports = (_native_supports(x, rows, max_size, values)
+    tokens = None if sampled is None else sampled.detach().numpy().reshape(-1)
+    supports = (_native_supports(x, rows, max_size, values, tokens)
                 if _supports_native is not None else None)
     if supports is None:
         supports = _numpy_supports(x if rows is None else x.take(rows, axis=0),
-                                   max_size, values)
-    counts, ids, offsets, read = supports
+                                   max_size, values) + (None,)
+    counts, ids, offsets, read, drawn = supports
     n = len(counts)
-    drawn = None
-    if sampled is not None:
-        tokens = sampled.detach().numpy().reshape(-1)
-        source = np.arange(n) if rows is None else rows
-        if rows is not None:
-            tokens = tokens.take(rows)
-        drawn = np.where(np.isfinite(x[source, tokens]), tokens, -1)
-        drawn[counts > max_size] = -1
+    if tokens is not None and drawn is None:
+        drawn = _numpy_drawn(x, rows, tokens, counts, max_size)
     layout = MaskLayout(n, max(1, min(max_size, vocab)), 0, vocab, max_size)
     return DeviceMask(block=_NO_BLOCK, layout=layout, batch_rows=batch_rows, rows=rows,
                       host=HostSupports(counts, ids, offsets, read, drawn))
@@ -686,18 +681,37 @@ def _room_for(items: int, dtype) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _native_supports(x: np.ndarray, rows: np.ndarray | None, max_size: int,
-                     values: bool) -> tuple | None:
+                     values: bool, tokens: np.ndarray | None = None) -> tuple | None:
     """`_numpy_supports` of `x[rows]` by `_supports_native`, reading each row
-    where it lies; None where it does not take `x` (not C-ordered, say)."""
+    where it lies, and `_numpy_drawn` in the same pass where `tokens` are int64
+    (else None in its place); None where it does not take `x` (not C-ordered, say)."""
     n = len(x) if rows is None else len(rows)
     ids, read = _room_for(n * min(x.shape[1], max_size), x.dtype)
     counts = np.empty(n, dtype=np.int32)
     offsets = np.empty(n + 1, dtype=np.int64)
+    extra = ()
+    if tokens is not None and tokens.dtype == np.int64:
+        drawn = np.empty(n, dtype=np.int64)
+        extra = (tokens, drawn)
     stored = _supports_native.finite_support(x, rows, max_size, ids,
-                                             read if values else None, counts, offsets)
+                                             read if values else None, counts, offsets,
+                                             *extra)
     if stored is None:
         return None
-    return counts, ids[:stored].copy(), offsets, read[:stored].copy() if values else None
+    return (counts, ids[:stored].copy(), offsets, read[:stored].copy() if values else None,
+            extra[1] if extra else None)
+
+
+def _numpy_drawn(x: np.ndarray, rows: np.ndarray | None, tokens: np.ndarray,
+                 counts: np.ndarray, max_size: int) -> np.ndarray:
+    """Per extracted row, the token drawn from it (`tokens`, per batch row of `x`)
+    where its logit is finite and the row within the size limit; -1 elsewhere."""
+    source = np.arange(len(counts)) if rows is None else rows
+    if rows is not None:
+        tokens = tokens.take(rows)
+    drawn = np.where(np.isfinite(x[source, tokens]), tokens, -1)
+    drawn[counts > max_size] = -1
+    return drawn
 
 
 def _numpy_supports(x: np.ndarray, max_size: int, values: bool) -> tuple:
