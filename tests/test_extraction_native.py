@@ -154,6 +154,18 @@ def test_drawn_tokens_it_does_not_take_are_refused(tokens, drawn):
 
 
 @needs_native
+def test_a_drawn_token_outside_the_vocabulary_is_not_read():
+    """A token id below 0 or at V or past it (which numpy's check would refuse
+    with an IndexError) gets -1, without a read outside its row."""
+    x = np.zeros((4, 40), dtype=np.float32)
+    drawn = np.empty(4, np.int64)
+    assert native.finite_support(x, None, 40, np.empty(160, np.int32), None,
+                                 np.empty(4, np.int32), np.empty(5, np.int64),
+                                 np.array([-1, 40, 1 << 40, 39], np.int64), drawn) == 160
+    assert drawn.tolist() == [-1, -1, -1, 39]
+
+
+@needs_native
 @pytest.mark.parametrize("rows", [None, [2, 0]])
 def test_extract_on_host_gives_the_same_host_form_with_it_or_without(monkeypatch, rows):
     rng = np.random.default_rng(3)

@@ -61,19 +61,23 @@
         return count <= max_size ? count : 0; /* stored: a row past the limit, none */ \
     }
 
-DEFINE_SCAN(scan16, uint16_t, 0x7c00u)
-DEFINE_SCAN(scan32, uint32_t, 0x7f800000u)
-DEFINE_SCAN(scan64, uint64_t, 0x7ff0000000000000ull)
+/* The exponent bits of each float width (all ones: infinity or NaN) */
+#define EXPONENT16 0x7c00u
+#define EXPONENT32 0x7f800000u
+#define EXPONENT64 0x7ff0000000000000ull
+
+DEFINE_SCAN(scan16, uint16_t, EXPONENT16)
+DEFINE_SCAN(scan32, uint32_t, EXPONENT32)
+DEFINE_SCAN(scan64, uint64_t, EXPONENT64)
 
 /* Whether logit `j` of a row of `itemsize`-byte floats is finite. */
 static int finite_at(const char *row, Py_ssize_t itemsize, Py_ssize_t j)
 {
     if (itemsize == 4)
-        return (((const uint32_t *)row)[j] & 0x7f800000u) != 0x7f800000u;
+        return (((const uint32_t *)row)[j] & EXPONENT32) != EXPONENT32;
     if (itemsize == 8)
-        return (((const uint64_t *)row)[j] & 0x7ff0000000000000ull)
-               != 0x7ff0000000000000ull;
-    return (((const uint16_t *)row)[j] & 0x7c00u) != 0x7c00u;
+        return (((const uint64_t *)row)[j] & EXPONENT64) != EXPONENT64;
+    return (((const uint16_t *)row)[j] & EXPONENT16) != EXPONENT16;
 }
 
 PyDoc_STRVAR(finite_support_doc,

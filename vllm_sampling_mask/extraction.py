@@ -689,17 +689,15 @@ def _native_supports(x: np.ndarray, rows: np.ndarray | None, max_size: int,
     ids, read = _room_for(n * min(x.shape[1], max_size), x.dtype)
     counts = np.empty(n, dtype=np.int32)
     offsets = np.empty(n + 1, dtype=np.int64)
-    extra = ()
-    if tokens is not None and tokens.dtype == np.int64:
-        drawn = np.empty(n, dtype=np.int64)
-        extra = (tokens, drawn)
+    checks = tokens is not None and tokens.dtype == np.int64
+    drawn = np.empty(n, dtype=np.int64) if checks else None
     stored = _supports_native.finite_support(x, rows, max_size, ids,
                                              read if values else None, counts, offsets,
-                                             *extra)
+                                             *((tokens, drawn) if checks else ()))
     if stored is None:
         return None
     return (counts, ids[:stored].copy(), offsets, read[:stored].copy() if values else None,
-            extra[1] if extra else None)
+            drawn)
 
 
 def _numpy_drawn(x: np.ndarray, rows: np.ndarray | None, tokens: np.ndarray,
