@@ -293,7 +293,7 @@ RELEASE_TIER = (
     "tests/test_server_without_masks.py::test_n_choices_come_back_streamed_or_not[[]asked-off-*",
     # speculative decoding: the draft model exercises every kind of emitted token;
     # on V1 every test, on Model Runner V2 (from 0.31: `Release.mrv2_speculators`,
-    # its engine under the interpreter, ~300 s of the 0.31 tier for all of them) its
+    # its engine under the interpreter: ~300 s of test time for all eight) its
     # masks against the reference, the one that reaches every adapter and seam
     "tests/test_speculative.py::*[[]v1-draft_model[]]",
     "tests/test_speculative.py::test_every_emitted_token_has_the_target_support_at_its_"
