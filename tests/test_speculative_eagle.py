@@ -3,13 +3,13 @@ natively, Model Runner V2 through Triton's interpreter).
 
 EAGLE drafts with a small head fed the target's hidden states, not with a model of
 its own: a different proposer in front of the same verify step as `draft_model`
-and `ngram` (tests/test_speculative.py, which covers the rest: every kind of
-emitted token, n > 1, stops, the size limit, preemption, streaming, aborts). The
-head is `demo.eagle_head`, built from the demo model's last layer; its drafts are
-poor, so verify steps reject most and accept some. Each emitted token's mask must
-be the processed target's support at its position, checked against an independent
-transformers forward pass, and masks on or off change no token, logprob or
-acceptance.
+and `ngram` (tests/test_speculative.py and test_speculative_http.py, which cover
+the rest: every kind of emitted token, n > 1, stops, the size limit, preemption,
+streaming, aborts). The head is `demo.eagle_head`, built from the demo model's last
+layer; its drafts are poor, so verify steps reject most and accept some. Each
+emitted token's mask must be the processed target's support at its position,
+checked against an independent transformers forward pass, and masks on or off
+change no token, logprob or acceptance.
 
 MTP heads (the multi-token-prediction layers DeepSeek-V3, Qwen3-Next, MiMo and
 others ship) are not run here: the demo model has none. They go through the same
