@@ -332,38 +332,130 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(2, len(os.sched_getaffinity(0))))
 
 
-# The modules whose tests use the shared `mask_server`: one unit of work for the
-# workers (`pytest_xdist_make_scheduler`), so that one worker starts that server
-# rather than each (a start is ~45 s of CPU on a 2-core host, in every release
-# tier). `_check_mask_server_modules` holds the list to the fixture's users.
+# How pyproject's `-n auto --dist loadscope` shares the suite between the workers.
+# A unit of work runs on one worker, so its module-scoped engines start once there:
+# - a module is a unit, with two exceptions;
+# - the modules that use the shared `mask_server` are one unit, so that one worker
+#   starts that server rather than each (a start is ~45 s of CPU on a 2-core host, in
+#   every release tier); a module names the fixture in its source to use it
+#   (`_check_mask_server_modules`; some take it with `request.getfixturevalue`);
+# - a module in ENGINE_UNIT_MODULES is one unit per parameter of its engine fixture
+#   (runner, method), so that the two workers start its engines side by side.
+# The workers take the heaviest unit left first (tests/unit_seconds.json), so that
+# neither is left alone at the end with an engine to start.
 MASK_SERVER_MODULES = frozenset(f"tests/test_{name}.py" for name in (
     "bad_input", "distributed", "examples", "first_hour", "fuzz", "openai_routes",
-    "packed_wire_http", "replay_check", "rl_loop", "server", "soak",
-    "support_logprobs_http"))
+    "packed_wire_http", "replay_check", "rl_loop", "server", "server_without_masks",
+    "soak", "support_logprobs_http"))
+
+# Their engine fixture is module-scoped and parametrized, and their tests take no
+# other parameter (`_check_engine_units`): a test id's brackets name its engine.
+ENGINE_UNIT_MODULES = frozenset(f"tests/test_{name}.py" for name in (
+    "engine", "lora", "speculative", "speculative_eagle", "weight_update"))
+
+# Seconds each unit took (setup, call and teardown of its tests) in one measured run
+# (its `measured` field says which); `python -m pytest --unit-seconds
+# tests/unit_seconds.json` rewrites the units a run reaches. Only the order of the
+# queue depends on it: a unit it lacks counts a tenth of a second per test.
+UNIT_SECONDS_FILE = os.path.join(os.path.dirname(__file__), "unit_seconds.json")
 
 
-def _check_mask_server_modules(items) -> None:
-    users = {item.nodeid.split("::")[0] for item in items
-             if "mask_server" in getattr(item, "fixturenames", ())}
+def work_unit(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    if path in MASK_SERVER_MODULES:
+        return "mask_server"
+    if path in ENGINE_UNIT_MODULES and nodeid.endswith("]"):
+        return path + nodeid[nodeid.index("["):]
+    return path
+
+
+def _unit_seconds() -> dict[str, float]:
+    import json
+    try:
+        with open(UNIT_SECONDS_FILE) as f:
+            return json.load(f)["seconds"]
+    except FileNotFoundError:
+        return {}
+
+
+def _check_mask_server_modules(config, items) -> None:
+    paths = {item.nodeid.split("::")[0] for item in items}
+    users = {p for p in paths if "mask_server" in (config.rootpath / p).read_text()}
     if users - MASK_SERVER_MODULES:
         raise pytest.UsageError("tests/conftest.py MASK_SERVER_MODULES lacks modules that "
                                 f"use mask_server: {sorted(users - MASK_SERVER_MODULES)}")
 
 
+def _check_engine_units(items) -> None:
+    for item in items:
+        if item.nodeid.split("::")[0] not in ENGINE_UNIT_MODULES or \
+                not hasattr(item, "callspec"):
+            continue
+        defs = item._fixtureinfo.name2fixturedefs
+        other = [name for name in item.callspec.params
+                 if name not in defs or defs[name][-1].scope != "module"]
+        if other:
+            raise pytest.UsageError(
+                f"{item.nodeid} takes parameters {other} besides its module's engine: "
+                "take its module out of tests/conftest.py ENGINE_UNIT_MODULES, or the "
+                "parameters out of the test")
+
+
 def pytest_xdist_make_scheduler(config, log):
-    """pyproject's `--dist loadscope` (a module's tests on one worker, its engines
-    started once), with the mask server's modules as one scope."""
+    """loadscope with `work_unit`'s units, the heaviest left taken first."""
     if config.getoption("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class OneMaskServer(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            if nodeid.split("::", 1)[0] in MASK_SERVER_MODULES:
-                return "mask_server"
-            return super()._split_scope(nodeid)
+    seconds = _unit_seconds()
 
-    return OneMaskServer(config, log)
+    class HeaviestFirst(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            heaviest = max(self.workqueue, key=lambda unit: seconds.get(
+                unit, 0.1 * len(self.workqueue[unit])))
+            self.workqueue.move_to_end(heaviest, last=False)
+            super()._assign_work_unit(node)
+
+    return HeaviestFirst(config, log)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--unit-seconds", metavar="FILE", default=None,
+                     help="write each unit of work's seconds in this run to FILE (JSON; "
+                          "units the run did not reach keep the seconds FILE had)")
+
+
+_UNIT_RUN: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Sums each unit's seconds for `--unit-seconds` (in the controller under xdist)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        unit = work_unit(report.nodeid)
+        _UNIT_RUN[unit] = _UNIT_RUN.get(unit, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("--unit-seconds")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    import json
+    import vllm
+    try:
+        with open(path) as f:
+            seconds = json.load(f)["seconds"]
+    except FileNotFoundError:
+        seconds = {}
+    seconds.update({unit: round(s, 1) for unit, s in _UNIT_RUN.items()})
+    with open(path, "w") as f:
+        json.dump({"measured": f"vLLM {vllm.__version__}, "
+                               f"{len(os.sched_getaffinity(0))} cores",
+                   "seconds": dict(sorted(seconds.items(), key=lambda kv: -kv[1]))},
+                  f, indent=1)
+        f.write("\n")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -371,7 +463,8 @@ def pytest_collection_modifyitems(config, items):
     available; elsewhere they are reported as skipped, with the reason (never
     silently deselected)."""
     _mark_release_tier(config, items)
-    _check_mask_server_modules(items)
+    _check_mask_server_modules(config, items)
+    _check_engine_units(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is "
