@@ -369,10 +369,10 @@ def work_unit(nodeid: str) -> str:
     return path
 
 
-def _unit_seconds() -> dict[str, float]:
+def _unit_seconds(path: str = UNIT_SECONDS_FILE) -> dict[str, float]:
     import json
     try:
-        with open(UNIT_SECONDS_FILE) as f:
+        with open(path) as f:
             return json.load(f)["seconds"]
     except FileNotFoundError:
         return {}
@@ -444,11 +444,7 @@ def pytest_sessionfinish(session):
         return
     import json
     import vllm
-    try:
-        with open(path) as f:
-            seconds = json.load(f)["seconds"]
-    except FileNotFoundError:
-        seconds = {}
+    seconds = _unit_seconds(path)
     seconds.update({unit: round(s, 1) for unit, s in _UNIT_RUN.items()})
     with open(path, "w") as f:
         json.dump({"measured": f"vLLM {vllm.__version__}, "

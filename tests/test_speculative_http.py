@@ -14,7 +14,7 @@ import types
 
 import pytest
 import requests
-from conftest import assert_supports_match_reference
+from conftest import assert_supports_match_reference, free_port
 from rl_http import TOKENS, Stream, body, no_state_left, post
 from test_speculative import K, V1_CANNOT
 
@@ -26,8 +26,6 @@ from vllm_sampling_mask.patching import upstream_release
 def spec_server(tmp_path_factory):
     if not upstream_release().v1_cpu_speculation:
         pytest.skip(V1_CANNOT)
-    from conftest import free_port
-
     from vllm_sampling_mask.demo import serving
     spec = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3,
             "prompt_lookup_min": 1}
