@@ -199,6 +199,75 @@ def mask_server(mask_server_log):
         yield base
 
 
+# Stock vLLM in one fresh interpreter with the overlay off
+# (`VLLM_SAMPLING_MASK_DISABLE=1`), run once per test run and shared by the workers,
+# since each fresh import of vLLM costs ~15 s of CPU here: first what stock vLLM is
+# before anything patches it (test_overlay's opt-out), then which modules `vllm
+# serve`'s command module imports (test_releases' app module), then every patch
+# applied by hand, recording which patch wraps which upstream function in order
+# (test_registry's stacked wrappers). The order matters: applying the patches
+# imports their targets, the app module among them.
+_STOCK_PROBE = """
+import json, sys
+from vllm import EngineArgs
+import vllm.v1.engine.core_client as cc
+from vllm_sampling_mask import patching
+
+facts = {"applied": list(patching.APPLIED), "wrapt_imported": "wrapt" in sys.modules,
+         "engine_core_outputs": cc.EngineCoreOutputs.__name__, "own_argument": None}
+try:   # the overlay's own engine argument (vLLM 0.32 has return_sampling_mask)
+    EngineArgs(model="m", max_sampling_mask_size=8)
+except TypeError as e:
+    facts["own_argument"] = str(e)
+
+import vllm.entrypoints.cli.serve
+facts["serve_imports"] = sorted(m for m in sys.modules if m.startswith("vllm."))
+
+import wrapt
+wraps, real = [], wrapt.wrap_function_wrapper
+
+def recording(module, name, wrapper):
+    frame, patch = sys._getframe(1), None
+    while frame is not None and patch is None:
+        mod = frame.f_globals.get("__name__", "")
+        if mod.startswith("vllm_sampling_mask.patches.") and mod.count(".") == 3:
+            patch = mod.rsplit(".", 1)[1]
+        frame = frame.f_back
+    owner = module if isinstance(module, str) else module.__name__
+    wraps.append([patch, owner + ":" + name])
+    return real(module, name, wrapper)
+
+wrapt.wrap_function_wrapper = recording
+patching.apply_all()
+facts["wraps"] = wraps
+print(json.dumps(facts))
+"""
+
+
+@pytest.fixture(scope="session")
+def stock_vllm(tmp_path_factory) -> dict:
+    """`_STOCK_PROBE`'s facts. Under xdist the first worker to ask runs it and the
+    others wait on its lock and read its file (in the run's own temporary folder)."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    from filelock import FileLock
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent     # this run's folder, above each worker's own
+    path = shared / "stock_vllm.json"
+    with FileLock(str(path) + ".lock"):
+        if not path.is_file():
+            env = dict(os.environ, VLLM_SAMPLING_MASK_DISABLE="1")
+            r = subprocess.run([sys.executable, "-c", textwrap.dedent(_STOCK_PROBE)],
+                               env=env, capture_output=True, text=True, timeout=600)
+            assert r.returncode == 0, r.stderr[-3000:]
+            path.write_text(r.stdout.strip().splitlines()[-1])
+    return json.loads(path.read_text())
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from transformers import AutoTokenizer

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
@@ -79,43 +76,10 @@ def test_every_kind_is_a_folder_of_patches():
         assert modules == {n for n, r in REGISTRY.items() if r.kind is kind}
 
 
-# Runs in a fresh interpreter with the import hooks off: records which patch
-# wraps which upstream function, in the order the wrappers are applied.
-_RECORD_WRAPS = """
-import json, sys, wrapt
-from vllm_sampling_mask import patching
-
-wraps = []
-real = wrapt.wrap_function_wrapper
-
-def recording(module, name, wrapper):
-    frame, patch = sys._getframe(1), None
-    while frame is not None and patch is None:
-        mod = frame.f_globals.get("__name__", "")
-        if mod.startswith("vllm_sampling_mask.patches.") and mod.count(".") == 3:
-            patch = mod.rsplit(".", 1)[1]
-        frame = frame.f_back
-    owner = module if isinstance(module, str) else module.__name__
-    wraps.append([patch, owner + ":" + name])
-    return real(module, name, wrapper)
-
-wrapt.wrap_function_wrapper = recording
-patching.apply_all()
-print(json.dumps(wraps))
-"""
-
-
-@pytest.fixture(scope="module")
-def wraps_applied():
-    env = dict(os.environ, VLLM_SAMPLING_MASK_DISABLE="1")
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(_RECORD_WRAPS)], env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    import json
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-def test_stacked_wrappers_have_a_declared_order_and_are_applied_in_it(wraps_applied):
+def test_stacked_wrappers_have_a_declared_order_and_are_applied_in_it(stock_vllm):
+    # which patch wraps which upstream function, in the order applied (conftest's
+    # `_STOCK_PROBE`: a fresh interpreter, the import hooks off, `apply_all`)
+    wraps_applied = stock_vllm["wraps"]
     assert all(patch in REGISTRY for patch, _ in wraps_applied), wraps_applied
     functions = [f for _, f in wraps_applied]
     assert len(set(functions)) < len(functions), "expected the known stacks"
