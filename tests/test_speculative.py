@@ -164,9 +164,9 @@ def test_masks_on_or_off_change_no_token_logprob_or_acceptance(llm):
     # Three requests fit the small KV cache: no preemption, whose timing (when each
     # request reaches the engine core) would move drafts between steps.
     cases, before = CASES[:3], counter(llm, "vllm:num_preemptions")
-    on, counts_on = generate_counting(llm, PROMPTS[:3], params_for(cases, 200))
+    on, counts_on = generate_counting(llm, PROMPTS[:3], params_for(cases, 200, max_tokens=24))
     off, counts_off = generate_counting(llm, PROMPTS[:3], params_for(
-        cases, 200, extra_args=MASK_OFF))
+        cases, 200, max_tokens=24, extra_args=MASK_OFF))
     assert counter(llm, "vllm:num_preemptions") == before
     assert_masks_changed_nothing(on, off, counts_on, counts_off)
 
@@ -186,12 +186,19 @@ def test_n_children_and_stops_keep_one_mask_per_token(llm, tokenizer):
     """n > 1 (each child its own rows) and stop tokens that cut a step's emitted
     tokens short: one mask per kept token."""
     vocab = len(tokenizer)
-    stops = [int(t) for t in tokenizer("the a and of", add_special_tokens=False)["input_ids"]]
-    params = [SamplingParams(temperature=0.7, top_k=30, max_tokens=40, n=3, seed=400),
-              SamplingParams(temperature=0.7, top_k=30, max_tokens=40, seed=401,
+    # stop on the tokens the request writes after its eighth (run alone, without
+    # stops) and not before: seeded, it stops at its ninth token or later, where a
+    # verify step emits up to K + 1 tokens at once
+    free = SamplingParams(temperature=0.7, top_k=30, max_tokens=24, seed=401)
+    ids = llm.generate(PROMPTS[1:2], free, use_tqdm=False)[0].outputs[0].token_ids
+    stops = sorted(set(ids[8:]) - set(ids[:8]))
+    params = [SamplingParams(temperature=0.7, top_k=30, max_tokens=24, n=3, seed=400),
+              SamplingParams(temperature=0.7, top_k=30, max_tokens=24, seed=401,
                              stop_token_ids=stops)]
     outs = llm.generate(PROMPTS[:2], params, use_tqdm=False)
     assert len(outs[0].outputs) == 3
+    stopped = outs[1].outputs[0]
+    assert stopped.finish_reason == "stop" and stopped.token_ids[-1] in stops
     for out in outs:
         for completion in out.outputs:
             check_alignment(completion, vocab)
