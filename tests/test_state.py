@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.extraction import ExtractionSettings
@@ -14,7 +16,7 @@ from vllm_sampling_mask.worker import plan as plans
 from vllm_sampling_mask.worker.capture import ScaledCapture, shadowing
 from vllm_sampling_mask.worker.requests import MaskRequests
 from vllm_sampling_mask.worker.state import SamplingMaskState
-from vllm_sampling_mask.validation import MASK_ARG
+from vllm_sampling_mask.validation import LOGPROBS_ARG, MASK_ARG
 
 
 # The two forms a CPU host's state extracts into: the host form (the default for
@@ -34,7 +36,7 @@ def asked_rows(mask) -> list[int]:
 
 class Params:
     def __init__(self, wants):
-        self.extra_args = {MASK_ARG: wants}
+        self.extra_args = wants if isinstance(wants, dict) else {MASK_ARG: wants}
 
 
 def test_wants_follow_adds_removes_moves_and_swaps_like_a_batch():
@@ -54,6 +56,72 @@ def test_wants_follow_adds_removes_moves_and_swaps_like_a_batch():
     # a removed row that nothing refills wants nothing
     state.apply_batch_update([], [2], [])
     assert state.wants[:n].tolist() == [False, True, False]
+
+
+PLAN_FIELDS = ("batch_rows", "rows", "top_k", "asked", "idle", "normalise")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "remove", "move", "swap", "step",
+                                           "discarding step"]),
+                          st.integers(0, 3), st.integers(0, 3), st.integers(0, 2),
+                          st.integers(1, 4)),
+                max_size=30))
+def test_a_steady_step_takes_the_last_plan_only_while_the_batch_is_unchanged(ops):
+    """The V1 adapter's plan over an unchanged persistent batch with no row
+    discarded is the last such step's object (no array work); after any batch
+    update, and for a step that discards rows, it is planned afresh. Each step's
+    plan holds what planning from the batch would give."""
+    state = SamplingMaskState(max_num_reqs=6, max_size=100)
+    top_k = np.zeros(6, dtype=np.int64)     # the batch's own array, moved as it moves
+    last = None
+    for op, a, b, k, n in ops:
+        changed = op in ("add", "remove", "move", "swap")
+        if op == "add":
+            extra = {MASK_ARG: k > 0, LOGPROBS_ARG: k > 1}
+            state.requests.apply_batch_update([(a, Params(extra), [], [])], [], [])
+            top_k[a] = 10 * (k + 1)
+        elif op == "remove":
+            state.requests.apply_batch_update([], [a], [])
+        elif op in ("move", "swap"):
+            state.requests.apply_batch_update([], [], [(a, b, op == "swap")])
+            if op == "swap":
+                top_k[[a, b]] = top_k[[b, a]]
+            else:
+                top_k[b] = top_k[a]
+        else:
+            discarded = np.zeros(n, dtype=bool)
+            if op == "discarding step":
+                discarded[a % n] = True
+            plan = state.plan(slice(0, n), top_k[:n], discarded)
+            fresh = plans.plan(state.requests.wants[:n], state.requests.asked[:n],
+                               top_k[:n], discarded)
+            for field in PLAN_FIELDS:
+                got, want = getattr(plan, field), getattr(fresh, field)
+                assert (got is None) == (want is None), field
+                if want is not None:
+                    assert np.array_equal(got, want), field
+            assert plan.capture_rows.tolist() == fresh.capture_rows.tolist()
+            steady = op == "step"
+            if steady and last is not None and last[0] == n:
+                assert plan is last[1]
+            last = (n, plan) if steady else last
+        if changed:
+            last = None
+
+
+def test_a_swap_between_two_steady_steps_is_planned_afresh():
+    state = SamplingMaskState(max_num_reqs=4, max_size=100)
+    state.requests.apply_batch_update([(0, Params(True), [], []), (1, Params(False), [], [])],
+                                      [], [])
+    top_k = np.array([5, 7, 0, 0])
+    first = state.plan(slice(0, 2), top_k[:2], np.zeros(2, dtype=bool))
+    assert first.rows.tolist() == [0] and first.top_k.tolist() == [5]
+    assert state.plan(slice(0, 2), top_k[:2], np.zeros(2, dtype=bool)) is first
+    state.requests.apply_batch_update([], [], [(0, 1, True)])
+    top_k[[0, 1]] = top_k[[1, 0]]
+    second = state.plan(slice(0, 2), top_k[:2], np.zeros(2, dtype=bool))
+    assert second.rows.tolist() == [1] and second.top_k.tolist() == [5]
 
 
 def test_a_request_without_the_decision_wants_no_mask():

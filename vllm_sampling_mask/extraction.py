@@ -50,6 +50,7 @@ with an atomic); the decoded supports may not.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 from dataclasses import dataclass
@@ -646,23 +647,33 @@ def extract_on_host(processed_logits: torch.Tensor, rows: np.ndarray | None,
     the draw (`HostSupports.drawn`); `values`: read the logits at the ids (what
     support logprobs are made of). Every operation counts: on a busy host each
     costs several microseconds (docs/sampling_mask.md, "Cost")."""
-    batch_rows, vocab = processed_logits.shape
-    x = processed_logits.detach().numpy()
+    x = _host_array(processed_logits)
+    batch_rows, vocab = x.shape
     if rows is not None:
         rows = np.asarray(rows, dtype=np.int64)
-    tokens = None if sampled is None else sampled.detach().numpy().reshape(-1)
+    tokens = None if sampled is None else _host_array(sampled).reshape(-1)
     supports = (_native_supports(x, rows, max_size, values, tokens)
                 if _supports_native is not None else None)
     if supports is None:
         supports = _numpy_supports(x if rows is None else x.take(rows, axis=0),
                                    max_size, values) + (None,)
     counts, ids, offsets, read, drawn = supports
-    n = len(counts)
     if tokens is not None and drawn is None:
         drawn = _numpy_drawn(x, rows, tokens, counts, max_size)
-    layout = MaskLayout(n, max(1, min(max_size, vocab)), 0, vocab, max_size)
-    return DeviceMask(block=_NO_BLOCK, layout=layout, batch_rows=batch_rows, rows=rows,
-                      host=HostSupports(counts, ids, offsets, read, drawn))
+    return DeviceMask(_NO_BLOCK, _host_layout(len(counts), vocab, max_size), batch_rows,
+                      rows, host=HostSupports(counts, ids, offsets, read, drawn))
+
+
+def _host_array(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's memory as an ndarray (`detach` only where it is needed:
+    the sampler's tensors are made under inference mode)."""
+    return (tensor.detach() if tensor.requires_grad else tensor).numpy()
+
+
+@functools.lru_cache(maxsize=64)
+def _host_layout(rows: int, vocab: int, max_size: int) -> MaskLayout:
+    """The layout a host form reports (no block: its width is the size limit's)."""
+    return MaskLayout(rows, max(1, min(max_size, vocab)), 0, vocab, max_size)
 
 
 # `_native_supports`' room for the ids and logits of a step: R x min(V, N) of each,

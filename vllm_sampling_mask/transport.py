@@ -343,6 +343,9 @@ def _silent_rows(row_of: np.ndarray, num_sampled, first_row, request_rows) -> np
     return row_of[(row_of >= 0) & ~emitted]
 
 
+_NONE: frozenset[int] = frozenset()
+
+
 def decode_host(host: HostSupports, layout: MaskLayout, row_of: np.ndarray,
                 num_sampled=None, idle: int = 0,
                 request_rows: np.ndarray | None = None) -> StepMasks:
@@ -386,7 +389,7 @@ def decode_host(host: HostSupports, layout: MaskLayout, row_of: np.ndarray,
     else:
         logprobs = None
     return StepMasks(row_of=row_of, counts=counts, ids=ids, offsets=offsets,
-                     width=layout.width, wide=frozenset(), lost=frozenset(),
+                     width=layout.width, wide=_NONE, lost=_NONE,
                      max_size=layout.max_size, asked_rows=asked_rows, logprobs=logprobs,
                      log_kept=log_kept, idle=idle, first_row=first_row, drawn=drawn)
 

@@ -24,23 +24,24 @@ def wraps(module, name: str):
     return decorate
 
 
-_PARAMETERS: dict[object, tuple[list[str], dict[str, object]]] = {}
+_PARAMETERS: dict[tuple[object, bool], tuple[list[str], dict[str, object]]] = {}
 
 
 def _parameters(wrapped) -> tuple[list[str], dict[str, object]]:
-    """(positional parameter names as the call sees them, defaults) of `wrapped`."""
+    """(positional parameter names as the call sees them, defaults) of `wrapped`;
+    worked out once per function (and per bound or not: a bound method's call
+    does not pass `self`), since some wrappers ask on every step."""
     key = getattr(wrapped, "__func__", wrapped)
-    found = _PARAMETERS.get(key)
+    found = _PARAMETERS.get((key, key is not wrapped))
     if found is None:
         params = inspect.signature(key).parameters.values()
         names = [p.name for p in params
                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         defaults = {p.name: p.default for p in params if p.default is not p.empty}
-        found = _PARAMETERS[key] = (names, defaults)
-    names, defaults = found
-    if key is not wrapped and names:  # a bound method: the call does not pass `self`
-        names = names[1:]
-    return names, defaults
+        if key is not wrapped and names:
+            names = names[1:]
+        found = _PARAMETERS[key, key is not wrapped] = (names, defaults)
+    return found
 
 
 def argument(wrapped, args, kwargs, name: str):

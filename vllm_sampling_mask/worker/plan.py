@@ -7,6 +7,7 @@ part of its batch it samples separately its own plan (`part`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -39,7 +40,7 @@ class StepPlan:
     def n_rows(self) -> int:
         return self.batch_rows if self.rows is None else len(self.rows)
 
-    @property
+    @cached_property
     def capture_rows(self) -> np.ndarray:
         """The batch rows whose scaled distribution must be recorded (they asked)."""
         picked = np.flatnonzero(self.asked)
@@ -53,12 +54,12 @@ def plan(wants: np.ndarray, asked: np.ndarray, top_k: np.ndarray,
     row's sample). Vectorised: no loop over rows."""
     wants = np.asarray(wants, dtype=bool)
     discarded = None if discarded is None else np.asarray(discarded, dtype=bool)
-    if discarded is None or not discarded.any():    # most steps: no partial prefill
+    if discarded is None or not np.count_nonzero(discarded):   # no partial prefill
         keep, idle = wants, _NONE
     else:
         keep = wants & ~discarded
         idle = np.flatnonzero(wants & discarded)
-    rows = None if keep.all() else np.flatnonzero(keep)
+    rows = None if np.count_nonzero(keep) == len(keep) else np.flatnonzero(keep)
     top_k = np.asarray(top_k)
     asked = np.asarray(asked, dtype=bool)
     return StepPlan(len(wants), rows, top_k if rows is None else top_k[rows],

@@ -59,6 +59,7 @@ class SamplingMaskState:
         self.requests = MaskRequests(max_num_reqs)
         self.pool = PinnedPool()
         self.open: MaskStep | None = None
+        self._steady: tuple[tuple, StepPlan] | None = None    # (key, plan), see `plan`
         self._worst_case = False
         self.extractions = 0
         self.extracted_rows = 0
@@ -70,9 +71,25 @@ class SamplingMaskState:
              normalise: bool = False) -> StepPlan:
         """A served step's plan: the requests at `slots` (a slice of batch rows
         or an array of request slots, in batch order), their `top_k`, and the
-        batch rows whose sample the runner `discarded` (None: none)."""
-        return plans.plan(self.requests.wants[slots], self.requests.asked[slots], top_k,
-                          discarded, normalise=normalise)
+        batch rows whose sample the runner `discarded` (None: none).
+
+        A step over the same slice of an unchanged persistent batch (the V1
+        runner's decode steps, most of its steps) with no row discarded takes
+        the plan of the last such step as it is: the rows, their top-k and
+        switches change only with the batch updates `requests.version` counts.
+        Each array operation costs several microseconds inside a step (docs/
+        sampling_mask.md, "Cost"), and a plan is a dozen."""
+        steady = isinstance(slots, slice) and (discarded is None
+                                                or not np.count_nonzero(discarded))
+        if steady:
+            key = (self.requests.version, slots.start, slots.stop, normalise)
+            if self._steady is not None and self._steady[0] == key:
+                return self._steady[1]
+        plan = plans.plan(self.requests.wants[slots], self.requests.asked[slots], top_k,
+                          None if steady else discarded, normalise=normalise)
+        if steady:
+            self._steady = key, plan
+        return plan
 
     @contextmanager
     def step(self, plan: StepPlan | None = None, *,
@@ -121,9 +138,9 @@ class SamplingMaskState:
         V1 sampler): on a CPU host the extraction then also says which rows'
         supports describe their draw, so the scheduler checks a kept token by one
         comparison (`StepMasks.drawn`)."""
-        batch_rows, vocab = processed_logits.shape
-        if plan.n_rows == 0:
-            mask = no_rows(batch_rows, processed_logits.device)
+        n_rows, idle = plan.n_rows, len(plan.idle)
+        if n_rows == 0:
+            mask = no_rows(processed_logits.shape[0], processed_logits.device)
         elif self.settings.implementation is None and host_readable(processed_logits):
             mask = extract_on_host(processed_logits, plan.rows, self.max_size, sampled,
                                    values=capture is not None)
@@ -131,8 +148,9 @@ class SamplingMaskState:
                 support_logprobs.on_host(mask, plan.asked, capture.result(hop),
                                          processed_logits, normalise=plan.normalise)
         else:
-            layout = plan_layout(plan.top_k, vocab, max_size=self.max_size,
-                                 worst_case=plan.worst_case, settings=self.settings)
+            layout = plan_layout(plan.top_k, processed_logits.shape[1],
+                                 max_size=self.max_size, worst_case=plan.worst_case,
+                                 settings=self.settings)
             mask = extract_support(processed_logits, layout, plan.rows,
                                    implementation=self.settings.implementation,
                                    settings=self.settings)
@@ -140,17 +158,17 @@ class SamplingMaskState:
                 mask.support_logprobs = gather_support_logprobs(
                     processed_logits, None, mask, plan.asked, scaled_top=capture.result(hop),
                     normalise=plan.normalise)
-        if len(plan.idle):
+        if idle:
             mask.idle = plan.idle
         mask.request_rows = plan.request_rows
         if plan.worst_case:
             if processed_logits.is_cuda:
                 self._warm_up(processed_logits)
         else:
-            self.idle_rows += len(plan.idle)
-            if plan.n_rows:
+            self.idle_rows += idle
+            if n_rows:
                 self.extractions += 1
-                self.extracted_rows += plan.n_rows
+                self.extracted_rows += n_rows
         return mask
 
     def _warm_up(self, logits) -> None:

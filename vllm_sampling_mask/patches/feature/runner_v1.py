@@ -56,19 +56,21 @@ def _lengths(sampled_token_ids) -> list[int]:
     return [len(t) for t in sampled_token_ids]
 
 
-def _pending_batch_update(input_batch):
+def _pending_batch_update(input_batch, swap) -> tuple | None:
     """(added, removed, moved) the batch will hand its logits processors next,
-    with `moved` as (from, to, is a swap)."""
-    from vllm.v1.sample.logits_processor.interface import MoveDirectionality
-
+    with `moved` as (from, to, is a swap: `d == swap`); None when nothing
+    changed (most steps)."""
     builder = input_batch.batch_update_builder
-    moved = [(a, b, d == MoveDirectionality.SWAP) for a, b, d in builder.moved]
+    if not (builder.added or builder.removed or builder.moved):
+        return None
+    moved = [(a, b, d == swap) for a, b, d in builder.moved]
     return builder.added, builder.removed, moved
 
 
 def apply(module, release: Release) -> None:
     import torch
     from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.sample.logits_processor.interface import MoveDirectionality
 
     Runner = module.GPUModelRunner
     AsyncOutput = module.AsyncGPUModelRunnerOutput
@@ -86,8 +88,9 @@ def apply(module, release: Release) -> None:
     def _may_reorder_batch(wrapped, self, args, kwargs):
         result = wrapped(*args, **kwargs)
         if self.sampling_mask is not None:
-            self.sampling_mask.requests.apply_batch_update(
-                *_pending_batch_update(self.input_batch))
+            update = _pending_batch_update(self.input_batch, MoveDirectionality.SWAP)
+            if update is not None:
+                self.sampling_mask.requests.apply_batch_update(*update)
         return result
 
     @wraps(module, "GPUModelRunner.sample_tokens")
@@ -103,7 +106,7 @@ def apply(module, release: Release) -> None:
         if step.mask is None:   # nothing sampled; a step with tokens but no mask
             return out          # is refused by the scheduler
         mask = step.mask
-        on_cuda = mask.block.device.type == "cuda"
+        on_cuda = mask.block.is_cuda
         pool = state.pool if on_cuda else None
         if isinstance(out, ModelRunnerOutput):
             copy = MaskCopy(mask, pool, record_event=on_cuda)
