@@ -11,7 +11,10 @@ small object or field:
   asked for support logprobs;
 - `pool`: the pinned host buffers of this runner's mask copies;
 - the open step (`step()`, `open`): one sampler call's `MaskStep`, from plan to
-  copy, closed when the call that samples returns: nothing is kept between calls;
+  copy, closed when the call that samples returns: no mask is kept between calls;
+- the last steady plan (`plan()`): the plan of a step over an unchanged batch,
+  keyed by `requests.version`, which the next such step takes as it is (a plan
+  says which rows to extract; it holds no mask);
 - the memory-profiling switch (`profiling()`): inside it a step extracts every row
   at the widest, and on a CUDA device compiles every extraction kernel variant a
   step can launch (`extraction.warm_up`), so no batch shape compiles one while
