@@ -4,7 +4,8 @@ The runner adapter opens a step around the call that samples
 (`SamplingMaskState.step`) and reads it once that call returned; the sampling
 path's adapters fill it in order while the call runs, each stage once:
 
-    plan        the runner adapter (V1: from the input batch) or the sampler's
+    plan        the runner adapter (V1: from the input batch, or the last steady
+                step's plan while the batch is unchanged) or the sampler's
                 (Model Runner V2: `Sampler.__call__`, from the input batch it gets);
                 the profiling run plans every row when the sampler asks for it
     capture     made from the plan, handed by the sampler adapter to the call
@@ -12,7 +13,7 @@ path's adapters fill it in order while the call runs, each stage once:
     mask        the extraction over the processed logits (`SamplingMaskState.extract`)
     copy        the device-to-host copy the runner adapter starts
 
-Nothing outlives the step: a stage that finds the one before it missing raises
+No capture, mask or copy outlives the step: a stage that finds the one before it missing raises
 `MissingSamplingMaskError` naming its hop.
 """
 
