@@ -343,7 +343,7 @@ def _silent_rows(row_of: np.ndarray, num_sampled, first_row, request_rows) -> np
     return row_of[(row_of >= 0) & ~emitted]
 
 
-_NONE: frozenset[int] = frozenset()
+_NO_ROWS: frozenset[int] = frozenset()   # a host form's wide and lost rows
 
 
 def decode_host(host: HostSupports, layout: MaskLayout, row_of: np.ndarray,
@@ -389,7 +389,7 @@ def decode_host(host: HostSupports, layout: MaskLayout, row_of: np.ndarray,
     else:
         logprobs = None
     return StepMasks(row_of=row_of, counts=counts, ids=ids, offsets=offsets,
-                     width=layout.width, wide=_NONE, lost=_NONE,
+                     width=layout.width, wide=_NO_ROWS, lost=_NO_ROWS,
                      max_size=layout.max_size, asked_rows=asked_rows, logprobs=logprobs,
                      log_kept=log_kept, idle=idle, first_row=first_row, drawn=drawn)
 
