@@ -19,10 +19,13 @@ per row, the mean over `--repeats` calls of:
   scaled top (numpy) the same sum of exp in numpy (what it replaced)
   hop pickle         the worker -> engine core hop's part for the mask: the step's
                      `StepMasks` (from `extract_on_host`, with drawn tokens) pickled
-                     and unpickled as vLLM's queue does, its arrays in one buffer
-                     (`StepMasks.__reduce__`)
+                     and unpickled as vLLM's queue does, as its wire form
+                     (`StepMasks.__reduce__`: the `WireRows` the scheduler reads,
+                     made in the worker; the arrays are not rebuilt)
   hop pickle, arrays the same fields pickled as arrays, one by one (what a
-                     dataclass pickles by default, and what the hop carried before)
+                     dataclass pickles by default, and what the hop carried before
+                     2026-12-02; from then to 2026-12-03 it packed them into one
+                     buffer)
   worker step        the worker's whole part of a step, as the V1 runner adapter and
                      sampler adapter run it: the state's plan, the open step, its
                      plan for the sampler's batch, the extraction, the host form,

@@ -572,7 +572,8 @@ _HOST_DTYPES = (torch.float32, torch.float64, torch.float16)
 
 
 def host_readable(logits: torch.Tensor) -> bool:
-    return logits.device.type == "cpu" and logits.dtype in _HOST_DTYPES
+    # `is_cpu`, not `device`: reading `device` builds a device object
+    return logits.is_cpu and logits.dtype in _HOST_DTYPES
 
 
 def _extract_host(x: np.ndarray, rows: np.ndarray | None, block: np.ndarray,

@@ -24,7 +24,6 @@ into page-locked memory from torch's caching host allocator.
 
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass
 
@@ -108,23 +107,27 @@ class StepMasks:
 
     def __reduce__(self):
         """Pickled (the worker -> engine core hop: vLLM's queue pickles the
-        step's `ModelRunnerOutput`) as one buffer holding every array back to
-        back, each segment padded to 8 bytes, with their dtypes and shapes and
-        the other fields beside. Pickled one by one, a step's five to nine
-        small arrays each go through numpy's own reduction, which cost 10-40
-        us more per step (`python benchmarks/bench_host_step.py`, the "hop
-        pickle" rows)."""
-        layout, segments, rest = [], [], {}
-        for name, value in self.__dict__.items():
-            if isinstance(value, np.ndarray):
-                layout.append((name, value.dtype.str, value.shape))
-                value = np.ascontiguousarray(value)
-                segments.append(value)
-                if value.nbytes % 8:
-                    segments.append(bytes(8 - value.nbytes % 8))
-            else:
-                rest[name] = value
-        return _step_masks, (bytearray().join(segments), tuple(layout), rest)
+        step's `ModelRunnerOutput`) as its wire form, the form the scheduler
+        reads it in (`WireRows`: the rows as lists, ids and counts as bytes),
+        and the fields that are not arrays. Lists and bytes pickle in C; a
+        step's five to nine small arrays, by numpy's reduction or packed into
+        one buffer, cost both processes three to four times as much once a
+        forward pass has left the caches cold (`python
+        benchmarks/bench_host_step.py`, the "hop pickle" rows). The arrays come
+        back from the wire form where something asks for one (`__getattr__`):
+        the scheduler's checks beyond `WireRows.drawn`, most steps none."""
+        first_row = None if self.first_row is None else self.first_row.tolist()
+        return _from_wire, (self.wire(), self.width, self.wide, self.lost, self.max_size,
+                            self.idle, first_row)
+
+    def __getattr__(self, name: str):
+        """An unpickled step's arrays, rebuilt from its wire form on first use
+        (writable, as unpickled arrays are)."""
+        wire = self.__dict__.get("_wire")
+        if wire is None or name not in _WIRE_ARRAYS:
+            raise AttributeError(name)
+        self.__dict__.update(wire.arrays())
+        return self.__dict__[name]
 
     def rows(self, request: int, n: int) -> np.ndarray:
         """The batch rows of the first `n` tokens request `request` emitted."""
@@ -209,27 +212,36 @@ class StepMasks:
         return bad
 
     def wire(self) -> "WireRows":
-        return WireRows(self)
+        """The step as the engine-core outputs carry it: an unpickled step's own,
+        else made now (once per step: the hop's pickle, or the scheduler)."""
+        wire = self.__dict__.get("_wire")
+        return WireRows(self) if wire is None else wire
 
 
-def _step_masks(buffer: bytearray, layout: tuple, rest: dict) -> StepMasks:
-    """`StepMasks.__reduce__`'s counterpart: the arrays are views of the one
-    buffer, writable as unpickled arrays are."""
+# the arrays of `StepMasks` a `WireRows` holds, by name, with their dtypes (as
+# lists of Python values, or as little-endian bytes)
+_WIRE_ARRAYS = {"row_of": "i8", "counts": "<i4", "ids": "<i4", "offsets": "i8",
+                "asked_rows": "?", "logprobs": "<f4", "log_kept": "<f4", "drawn": "i8"}
+
+
+def _from_wire(wire: "WireRows", width: int, wide: frozenset, lost: frozenset,
+               max_size: int, idle: int, first_row) -> StepMasks:
+    """`StepMasks.__reduce__`'s counterpart: the arrays stay in the wire form
+    until something asks for one."""
     masks = StepMasks.__new__(StepMasks)
-    fields = masks.__dict__
-    fields.update(rest)
-    at = 0
-    for name, dtype, shape in layout:
-        array = np.frombuffer(buffer, dtype, math.prod(shape), at)
-        fields[name] = array.reshape(shape)
-        at += -(-array.nbytes // 8) * 8
+    masks.__dict__.update(_wire=wire, width=width, wide=wide, lost=lost,
+                          max_size=max_size, idle=idle,
+                          first_row=None if first_row is None
+                          else np.array(first_row, np.int64))
     return masks
 
 
 class WireRows:
     """A step's masks as the bytes each engine-core output carries (`wire`):
     the flat arrays turned to bytes once per step, so one request's rows are
-    byte slices (no per-request array, no per-request encoder hook)."""
+    byte slices (no per-request array, no per-request encoder hook). It is also
+    what the worker -> engine core hop pickles (`StepMasks.__reduce__`), so it
+    holds every array of the step, as a list or as bytes."""
 
     def __init__(self, masks: StepMasks) -> None:
         self.row_of = masks.row_of.tolist()
@@ -238,11 +250,9 @@ class WireRows:
         self._offsets = masks.offsets.tolist()
         self._ids = masks.ids.astype("<i4", copy=False).tobytes()
         self._counts = masks.counts.astype("<i4", copy=False).tobytes()
-        self._asked = None
-        if masks.asked_rows is not None:
-            self._asked = masks.asked_rows.tolist()
-            self._logprobs = masks.logprobs.astype("<f4", copy=False).tobytes()
-            self._log_kept = masks.log_kept.astype("<f4", copy=False).tobytes()
+        self._asked = None if masks.asked_rows is None else masks.asked_rows.tolist()
+        self._logprobs = _float_bytes(masks.logprobs)
+        self._log_kept = _float_bytes(masks.log_kept)
 
     def of(self, batch_row: int, n: int = 1):
         """(ids, counts, logprobs, log_kept) bytes of the tokens of `n` batch rows
@@ -255,6 +265,21 @@ class WireRows:
         if self._asked is None or not self._asked[r]:
             return ids, counts, None, None
         return ids, counts, self._logprobs[a:b], self._log_kept[4 * r: 4 * (r + n)]
+
+    def arrays(self) -> dict[str, np.ndarray | None]:
+        """`StepMasks`' arrays back from this form, by name (`_WIRE_ARRAYS`)."""
+        found = {"row_of": self.row_of, "counts": self._counts, "ids": self._ids,
+                 "offsets": self._offsets, "asked_rows": self._asked,
+                 "logprobs": self._logprobs, "log_kept": self._log_kept,
+                 "drawn": self.drawn}
+        return {name: None if value is None
+                else np.frombuffer(value, _WIRE_ARRAYS[name]).copy()
+                if isinstance(value, bytes) else np.array(value, _WIRE_ARRAYS[name])
+                for name, value in found.items()}
+
+
+def _float_bytes(values: np.ndarray | None) -> bytes | None:
+    return None if values is None else values.astype("<f4", copy=False).tobytes()
 
 
 def unpack_wide_row(head: np.ndarray, words: np.ndarray, start_word: int) -> np.ndarray:
