@@ -17,15 +17,16 @@ per row, the mean over `--repeats` calls of:
   torch nonzero      the same pass in torch (not used: slower)
   scaled top (torch) `support_logprobs.scaled_top_logprob` over every row
   scaled top (numpy) the same sum of exp in numpy (what it replaced)
-  hop pickle         the worker -> engine core hop's part for the mask: the step's
-                     `StepMasks` (from `extract_on_host`, with drawn tokens) pickled
-                     and unpickled as vLLM's queue does, as its wire form
-                     (`StepMasks.__reduce__`: the `WireRows` the scheduler reads,
-                     made in the worker; the arrays are not rebuilt)
-  hop pickle, arrays the same fields pickled as arrays, one by one (what a
+  hop pickle         the worker -> engine core hop's part for the mask, up to what
+                     the scheduler reads: the step's `StepMasks` (from
+                     `extract_on_host`, with drawn tokens) pickled and unpickled as
+                     vLLM's queue does, then its `wire()`. Since 2026-12-03 it
+                     travels as that wire form (`StepMasks.__reduce__`: the
+                     `WireRows` made in the worker; no array is rebuilt); from
+                     2026-12-02 it travelled as one buffer of its arrays
+  hop pickle, arrays the same with the fields pickled as arrays, one by one (what a
                      dataclass pickles by default, and what the hop carried before
-                     2026-12-02; from then to 2026-12-03 it packed them into one
-                     buffer)
+                     2026-12-02)
   worker step        the worker's whole part of a step, as the V1 runner adapter and
                      sampler adapter run it: the state's plan, the open step, its
                      plan for the sampler's batch, the extraction, the host form,
@@ -50,7 +51,7 @@ import torch
 
 from vllm_sampling_mask.extraction import extract_on_host
 from vllm_sampling_mask.support_logprobs import scaled_top_logprob
-from vllm_sampling_mask.transport import MaskCopy
+from vllm_sampling_mask.transport import MaskCopy, StepMasks
 from vllm_sampling_mask.worker.state import SamplingMaskState
 
 
@@ -132,8 +133,9 @@ def main() -> None:
             "torch nonzero": lambda: torch.isfinite(logits).view(-1).nonzero(),
             "scaled top (torch)": lambda: scaled_top_logprob(scaled, every),
             "scaled top (numpy)": lambda: numpy_scaled_top(scaled.numpy()),
-            "hop pickle": lambda: pickle.loads(pickle.dumps(masks, protocol=5)),
-            "hop pickle, arrays": lambda: pickle.loads(pickle.dumps(fields, protocol=5)),
+            "hop pickle": lambda: pickle.loads(pickle.dumps(masks, protocol=5)).wire(),
+            "hop pickle, arrays": lambda: StepMasks(
+                **pickle.loads(pickle.dumps(fields, protocol=5))).wire(),
             "worker step": lambda: worker_step(state, rows, logits, sampled, top_k),
         }
         print(f"rows {rows:3d}  worker step: "
