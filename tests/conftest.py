@@ -26,13 +26,15 @@ def _share_the_cores() -> None:
     """Under pytest-xdist (pyproject's `-n auto`: one worker per core, two at most),
     each worker's engines run their OpenMP threads on that worker's own cores, and
     its own torch on one thread: vLLM's automatic binding would put every engine on
-    the same core. A binding set outside is kept."""
+    the same core. A binding set outside is kept. A worker that replaces a crashed
+    one gets the next id (gw2, gw3, ...): it takes the cores of the slot it fills
+    (its id modulo the count), so it starts and reports what crashed its forerunner."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), \
         int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     cores = sorted(os.sched_getaffinity(0))
     if not worker or count < 2 or len(cores) < count or torch.cuda.is_available():
         return
-    mine = cores[int(worker.removeprefix("gw"))::count]
+    mine = cores[int(worker.removeprefix("gw")) % count::count]
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, mine)))
     torch.set_num_threads(len(mine))
 
