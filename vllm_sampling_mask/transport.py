@@ -109,11 +109,11 @@ class StepMasks:
         """Pickled (the worker -> engine core hop: vLLM's queue pickles the
         step's `ModelRunnerOutput`) as its wire form, the form the scheduler
         reads it in (`WireRows`: the rows as lists, ids and counts as bytes),
-        and the fields that are not arrays. Lists and bytes pickle in C; a
+        and the fields that are not arrays. Lists and bytes pickle in C. A
         step's five to nine small arrays, by numpy's reduction or packed into
-        one buffer, cost both processes three to four times as much once a
-        forward pass has left the caches cold (`python
-        benchmarks/bench_host_step.py`, the "hop pickle" rows). The arrays come
+        one buffer, took more calls on both sides, and the engine core then
+        made the wire form itself (`python benchmarks/bench_host_step.py`,
+        the "hop pickle" rows; docs/sampling_mask.md, "Cost"). The arrays come
         back from the wire form where something asks for one (`__getattr__`):
         the scheduler's checks beyond `WireRows.drawn`, most steps none."""
         first_row = None if self.first_row is None else self.first_row.tolist()
