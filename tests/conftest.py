@@ -28,7 +28,7 @@ def _share_the_cores() -> None:
     its own torch on one thread: vLLM's automatic binding would put every engine on
     the same core. A binding set outside is kept. A worker that replaces a crashed
     one gets the next id (gw2, gw3, ...): it takes the cores of the slot it fills
-    (its id modulo the count), so it starts and reports what crashed its forerunner."""
+    (its id modulo the count), so a crash costs that worker's unit of work, not the run."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), \
         int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     cores = sorted(os.sched_getaffinity(0))

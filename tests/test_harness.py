@@ -15,8 +15,8 @@ CONFTEST = os.path.join(os.path.dirname(__file__), "conftest.py")
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or torch.cuda.is_available(),
                     reason="conftest binds workers to cores only on a CPU host with "
                            "two or more cores")
-@pytest.mark.parametrize("worker", ["gw0", "gw1", "gw2", "gw5"])
-def test_every_worker_id_gets_its_slots_cores(worker):
+@pytest.mark.parametrize("worker, slot", [("gw0", 0), ("gw1", 1), ("gw2", 0), ("gw5", 1)])
+def test_every_worker_id_gets_its_slots_cores(worker, slot):
     """xdist names a worker that replaces a crashed one gw2, gw3, ...: conftest must
     import there too, bound to the cores of the slot it fills. (It once bound such a
     worker to no core, `torch.set_num_threads(0)` raised, every replacement crashed
@@ -30,5 +30,5 @@ def test_every_worker_id_gets_its_slots_cores(worker):
     r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    mine = cores[int(worker[2:]) % 2::2]
+    mine = cores[slot::2]
     assert r.stdout.split()[-2:] == [",".join(map(str, mine)), str(len(mine))]
