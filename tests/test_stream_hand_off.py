@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vllm_sampling_mask.errors import SamplingMaskGenerationError
 from vllm_sampling_mask.patches._http import (_NO_MASK, StreamMasks, _single_choice_index,
                                               _with_fields)
 from vllm_sampling_mask.sampling_mask import SamplingMask
@@ -107,9 +108,10 @@ def test_the_text_path_parses_to_the_json_paths_object_whatever_the_content(
     assert parsed(_with_fields(event(chunk), fields)) == with_fields(chunk, fields)
 
 
-def completion(mask=None, reason=None, index=0):
+def completion(mask=None, reason=None, index=0, error=None, token_ids=()):
     return SimpleNamespace(index=index, sampling_mask=mask, sampling_mask_reason=reason,
-                           sampling_mask_error=None)
+                           sampling_mask_error=error, token_ids=list(token_ids),
+                           finish_reason="error" if error else None, stop_reason=None)
 
 
 async def run(masks: StreamMasks, results: list, chunks: list[dict]) -> list[dict]:
@@ -118,7 +120,7 @@ async def run(masks: StreamMasks, results: list, chunks: list[dict]) -> list[dic
     events parsed."""
     async def engine():
         for outputs in results:
-            yield SimpleNamespace(outputs=outputs)
+            yield SimpleNamespace(outputs=outputs, finished=False)
 
     async def upstream(results):
         async for res in results:
@@ -176,3 +178,46 @@ def test_support_logprobs_and_a_dropped_mask_in_the_text():
     assert got == [with_fields(chunk, _NO_MASK),
                    with_fields(chunk, {"sampling_mask": None,
                                        "sampling_mask_reason": reason})]
+
+
+def test_tokens_joined_with_a_mask_error_stream_before_the_error():
+    """Under load the engine joins DELTA outputs until the stream takes them: the
+    tokens a choice drew before the step the mask path ended it on can arrive in
+    the same output as the error. They stream first, with their masks and without
+    the error's finish reason; then the error, whatever the timing."""
+    error = "sampling mask: wider than --max-sampling-mask-size 128"
+    drawn = SamplingMask.from_lists([[3, 12], [7]])
+    joined = completion(drawn, error=error, token_ids=[12, 7])
+    chunk = ONE_CHOICE["completions"]
+    got, seen = [], []
+
+    async def upstream(results):
+        async for res in results:
+            seen.append([(c.token_ids, c.finish_reason, c.sampling_mask_error)
+                         for c in res.outputs])
+            yield event(chunk)
+
+    async def drive(outputs):
+        async def engine():
+            for o in outputs:
+                yield SimpleNamespace(outputs=o, finished=True)
+        masks = StreamMasks.of(request())
+        async for e in masks.chunks(upstream(masks.watch(engine()))):
+            got.append(parsed(e))
+
+    with pytest.raises(SamplingMaskGenerationError, match="--max-sampling-mask-size 128"):
+        asyncio.run(drive([[joined]]))
+    assert seen == [[([12, 7], None, None)]]
+    assert got == [with_fields(chunk, {"sampling_mask": [[3, 12], [7]]})]
+    assert joined.sampling_mask_error == error        # the engine's output left as it was
+    # the error alone (nothing drawn before it in that output): raised at once
+    got.clear(), seen.clear()
+    with pytest.raises(SamplingMaskGenerationError):
+        asyncio.run(drive([[completion(error=error)]]))
+    assert got == seen == []
+    # n > 1: the other choice's tokens in that output stream with the trimmed one
+    got.clear(), seen.clear()
+    other = completion(SamplingMask.from_lists([[5]]), index=1, token_ids=[5])
+    with pytest.raises(SamplingMaskGenerationError):
+        asyncio.run(drive([[joined, other]]))
+    assert seen == [[([12, 7], None, None), ([5], None, None)]]

@@ -38,6 +38,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import re
@@ -291,6 +292,9 @@ class StreamMasks:
     gave no chunk; `[]` for a chunk built from no output (the chat role chunk);
     null for a request without a mask; null with `sampling_mask_reason` from the
     chunk that holds the token where a request that never asked lost its mask on.
+    A choice the mask path ended streams every token it drew before the failing
+    step, with their masks, then raises (upstream's error event), also when the
+    engine joined those tokens and the error into one output (`_before_error`).
 
     A chunk of one choice (every chunk but the usage one, a tool call's and, on
     some routes, n > 1's) gets those fields written into upstream's text
@@ -327,13 +331,21 @@ class StreamMasks:
         try:
             async for item in results:
                 prompt, res = item if self._indexed else (0, item)
+                served = _before_error(res)
+                if served is not None:   # tokens that came with the error: theirs first
+                    yield self._handing(prompt, served)
                 raise_mask_errors(res.outputs)
-                if any(c.sampling_mask is not None for c in res.outputs):
-                    self._masked = True
-                res.outputs = _Reached(res.outputs, lambda c, p=prompt: self._reach(p, c))
-                yield item
+                yield self._handing(prompt, res)
         finally:
             await results.aclose()
+
+    def _handing(self, prompt: int, res):
+        """`res` (as the results iterator yields it) with outputs that hand their
+        masks on as upstream reaches them."""
+        if any(c.sampling_mask is not None for c in res.outputs):
+            self._masked = True
+        res.outputs = _Reached(res.outputs, lambda c: self._reach(prompt, c))
+        return (prompt, res) if self._indexed else res
 
     def _reach(self, prompt: int, completion) -> None:
         if completion.sampling_mask_reason is not None:
@@ -378,6 +390,32 @@ class StreamMasks:
             fields["sampling_mask_logprobs"] = mask.logprob_lists()
             fields["sampling_mask_log_kept"] = mask.log_kept.tolist()
         return fields
+
+
+def _before_error(res):
+    """The tokens a result holds before the step its mask error ended a choice on,
+    as a result of their own (None if no choice has an error, or none of them has
+    a token). Under load the engine's DELTA outputs are joined until the stream
+    takes them, so the tokens a choice drew before the failing step (which
+    carries none: the scheduler ends it without its token) may arrive in the
+    same output as the error; a stream serves them, masks and all, then the
+    error event, whatever the timing."""
+    if all(c.sampling_mask_error is None for c in res.outputs):
+        return None
+    outputs = []
+    for completion in res.outputs:
+        if completion.sampling_mask_error is not None:
+            if not completion.token_ids:
+                continue
+            completion = copy.copy(completion)
+            completion.sampling_mask_error = None
+            completion.finish_reason = completion.stop_reason = None
+        outputs.append(completion)
+    if not any(c.token_ids for c in outputs):
+        return None
+    served = copy.copy(res)
+    served.outputs, served.finished = outputs, False
+    return served
 
 
 class _Reached(list):
