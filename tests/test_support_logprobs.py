@@ -181,3 +181,58 @@ def test_the_host_path_gives_what_the_torch_path_gives(subset):
         log_s = torch.logsumexp(torch.log_softmax(scaled[batch_row].double(), -1)
                                 [keep[batch_row]], 0)
         assert abs(float(host.log_kept[a]) - float(log_s)) < 5e-5
+
+
+def test_an_untruncated_rows_log_s_is_exactly_zero_on_every_path():
+    """The V1 sampler's processed logprobs of a row no filter touched are the
+    log-softmax of its scaled logits; log S of such a row is 0 exactly (not a
+    rounding error either side of it), on the CPU host's path and the torch path,
+    while a truncated row's is its reference."""
+    from vllm_sampling_mask.extraction import extract_on_host
+    from vllm_sampling_mask.support_logprobs import on_host, scaled_top_logprob
+
+    generator = torch.Generator().manual_seed(3)
+    scaled = torch.randn(16, 4096, generator=generator) * 3
+    truncated = scaled.clone()
+    truncated[1::2][truncated[1::2] < truncated[1::2].topk(50, dim=1).values[:, -1:]] = \
+        float("-inf")
+    processed = truncated.log_softmax(dim=1)      # even rows: untouched
+    every = np.arange(16)
+    top = scaled_top_logprob(scaled, every)
+    mask = extract_on_host(processed, None, 4096)
+    on_host(mask, np.ones(16, bool), top, processed)
+    strided = processed.t().contiguous().t()
+    layout = plan_layout(np.full(16, 4096), 4096, max_size=4096)
+    device = gather_support_logprobs(strided, None, extract_support(strided, layout),
+                                     np.ones(16, bool), scaled_top=top)
+    for log_kept in (mask.host.log_kept, device.log_kept.numpy()):
+        assert log_kept[0::2].tolist() == [0.0] * 8
+        reference = [float(torch.logsumexp(scaled[r].double().log_softmax(0)
+                                           [processed[r] > -np.inf], 0))
+                     for r in range(1, 16, 2)]
+        np.testing.assert_allclose(log_kept[1::2], reference, atol=5e-6)
+        assert (log_kept[1::2] < -1e-3).all()
+
+
+def test_every_row_asked_on_the_host_nan_rows_describe_no_draw():
+    """The host path's all-rows case (`_every_row_on_host`): the support logprobs
+    are the values read at the ids, and a row whose processed or scaled logits
+    hold a NaN gets NaN log S and `drawn` -1 (the scheduler then ends only it);
+    the other rows keep their token."""
+    from vllm_sampling_mask.extraction import extract_on_host
+    from vllm_sampling_mask.support_logprobs import on_host, scaled_top_logprob
+
+    generator = torch.Generator().manual_seed(5)
+    scaled = torch.randn(4, 300, generator=generator)
+    processed = scaled.log_softmax(dim=1)
+    processed[0, 11] = float("nan")                 # NaN reached the processed row
+    scaled[1, 3] = float("nan")                     # NaN in the scaled logits only
+    sampled = processed.nan_to_num(-1e9).argmax(dim=1)
+    mask = extract_on_host(processed, None, 300, sampled)
+    assert mask.host.drawn.tolist() == sampled.tolist()
+    on_host(mask, np.ones(4, bool), scaled_top_logprob(scaled, np.arange(4)), processed)
+    host = mask.host
+    assert host.drawn.tolist() == [-1, -1, *sampled[2:].tolist()]
+    assert np.isnan(host.log_kept[:2]).all() and (host.log_kept[2:] == 0.0).all()
+    np.testing.assert_array_equal(host.logprobs, processed.numpy()[
+        np.repeat(np.arange(4), np.diff(host.offsets)), host.ids])

@@ -32,7 +32,8 @@ Output (`DeviceSupportLogprobs`, still on the device, float32):
 
 log S without the scaled rows: min-p, top-k and top-p always keep the most probable
 id, and processed logits equal scaled ones on the support, so log S = log p_max
-(scaled) - log p_max(processed), each `-logsumexp(row - max row)`. (A caller may
+(scaled) - log p_max(processed), each the largest entry of the row's log-softmax
+(for processed logprobs, their largest entry). (A caller may
 instead pass the whole `scaled_logits` [B, V]; the tests use it as a reference.)
 """
 
@@ -77,23 +78,25 @@ def _host_view(x: torch.Tensor) -> np.ndarray | None:
 
 def scaled_top_logprob(scaled_logits: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
     """For the sampler's batch rows `rows` (host ints, ascending), the log of the
-    largest probability of the temperature-scaled distribution,
-    `-log sum exp(x - max x)`, float32 in a [B] tensor (0 in the other rows). What
-    the samplers capture where the scaled logits exist (before min-p/top-k/top-p
-    edit them in place): with it, log S needs no copy of the scaled logits (see
-    `gather_support_logprobs`). torch on every device: on a CPU host its
-    vectorised `exp` over the step's rows beats numpy's from a few dozen rows on
-    (`benchmarks/bench_host_step.py`), and no operation writes the logits."""
+    largest probability of the temperature-scaled distribution, float32 in a [B]
+    tensor (0 in the other rows). What the samplers capture where the scaled
+    logits exist (before min-p/top-k/top-p edit them in place): with it, log S
+    needs no copy of the scaled logits (see `gather_support_logprobs`).
+
+    Computed as the largest entry of the rows' `log_softmax`, the operation the
+    V1 sampler's processed logprobs come from: an untruncated row's processed
+    logprobs are that same tensor, so its log S is 0 exactly, and the fused
+    kernel costs a third of the five small operations (max, subtract, exp, sum,
+    log) it replaced on a CPU host at the demo's 8 x 4,096
+    (`benchmarks/bench_host_step.py`). No operation writes the logits."""
     batch = scaled_logits.shape[0]
     out = torch.zeros(batch, dtype=torch.float32, device=scaled_logits.device)
     if len(rows):
         rows = np.asarray(rows, np.int64)
         every_row = len(rows) == batch    # ascending and distinct: all of them
         index = None if every_row else host_index(rows, scaled_logits.device)
-        picked = (scaled_logits if every_row
-                  else scaled_logits.index_select(0, index)).float()
-        shifted = picked - picked.amax(dim=1, keepdim=True)     # a new tensor
-        top = -shifted.exp_().sum(dim=1).log_()
+        picked = scaled_logits if every_row else scaled_logits.index_select(0, index)
+        top = picked.log_softmax(dim=1, dtype=torch.float32).amax(dim=1)
         if every_row:
             out.copy_(top)
         else:
@@ -114,8 +117,8 @@ def gather_support_logprobs(processed_logprobs: torch.Tensor,
     `scaled_top_logprob`): the largest id of a scaled row is always kept
     (min-p, top-k and top-p keep the most probable id), and processed logits
     equal scaled ones on the support, so
-    log S = log p_max(scaled) - log p_max(processed), each computed as
-    -logsumexp(row - max row). `normalise`: `processed_logprobs` are processed *logits* (Model
+    log S = log p_max(scaled) - log p_max(processed), each the largest entry
+    of the row's log-softmax. `normalise`: `processed_logprobs` are processed *logits* (Model
     Runner V2); their asked rows are log-softmaxed here (float32)."""
     layout = mask.layout
     device = processed_logprobs.device
@@ -147,14 +150,13 @@ def gather_support_logprobs(processed_logprobs: torch.Tensor,
         _source_rows(mask, block_rows), np.arange(len(block_rows)))
     processed = (processed_logprobs if every_row             # no copy when all asked
                  else processed_logprobs.index_select(0, source)).float()   # [A, V]
-    if scaled_logits is None:
-        # log p_max of the processed row, computed as `scaled_top_logprob` computes
-        # the scaled one: an untruncated row (processed == scaled) gives log S = 0
-        # exactly, whether `processed` holds logits or logprobs
-        processed_top = -torch.logsumexp(processed - processed.amax(dim=1, keepdim=True),
-                                         dim=1)
     if normalise:
         processed = processed.log_softmax(dim=1)
+    if scaled_logits is None:
+        # log p_max of the processed row: its largest logprob, what
+        # `scaled_top_logprob` reads of the scaled row, so an untruncated row
+        # (processed == scaled) gives log S = 0 exactly
+        processed_top = processed.amax(dim=1)
     row_ids = ids.index_select(0, pick).long()                        # [A, W]
     valid = row_ids >= 0
     values = processed.gather(1, row_ids.clamp(min=0))
@@ -234,6 +236,10 @@ def on_host(mask: DeviceMask, asked: np.ndarray, scaled_top: torch.Tensor,
     n = len(host.counts)
     if len(asked) != n:
         raise ValueError(f"support_logprobs.on_host: {len(asked)} asked flags for {n} rows")
+    x = processed_logits.detach().numpy()
+    if not normalise and n == len(x) and asked.all() and host.values is not None:
+        _every_row_on_host(host, asked, x, scaled_top)
+        return
     block_rows = np.flatnonzero(asked)
     source = _source_rows(mask, block_rows)
     stored = np.diff(host.offsets)
@@ -242,12 +248,10 @@ def on_host(mask: DeviceMask, asked: np.ndarray, scaled_top: torch.Tensor,
     logprobs = np.full(len(host.ids), np.nan, dtype=np.float32)
     log_kept = np.full(n, np.nan, dtype=np.float32)
     if len(source):
-        x = processed_logits.detach().numpy()
         rows = x if len(source) == len(x) else x[source]                # [A, V]
         if normalise:   # the asked rows' log-softmax, and log p_max, as on the device
-            rows = torch.from_numpy(rows).float()
-            top = (-torch.logsumexp(rows - rows.amax(dim=1, keepdim=True), dim=1)).numpy()
-            normalised = rows.log_softmax(dim=1).numpy()
+            normalised = torch.from_numpy(rows).float().log_softmax(dim=1).numpy()
+            top = normalised.max(axis=1)
             local = np.zeros(n, dtype=np.int64)
             local[block_rows] = np.arange(len(block_rows))
             logprobs[picked] = normalised[local[owner[picked]], host.ids[picked]]
@@ -262,6 +266,20 @@ def on_host(mask: DeviceMask, asked: np.ndarray, scaled_top: torch.Tensor,
         if nan_ids.any():
             bad |= np.bincount(owner[nan_ids], minlength=n) > 0
         host.drawn[bad] = -1
+
+
+def _every_row_on_host(host, asked: np.ndarray, x: np.ndarray,
+                       scaled_top: torch.Tensor) -> None:
+    """`on_host` for processed logprobs when every batch row was extracted and
+    asked (a rollout's usual step): the values read at the ids are the support
+    logprobs as they are (finite by construction: the ids are the finite
+    entries), and log S needs one `max` per row; none of the per-id bookkeeping
+    a subset needs (a few microseconds each on a loaded host)."""
+    log_kept = np.minimum(scaled_top.numpy() - x.max(axis=1), np.float32(0.0))
+    host.asked, host.logprobs = asked, host.values.astype(np.float32, copy=False)
+    host.log_kept = log_kept.astype(np.float32, copy=False)
+    if host.drawn is not None:   # a row holding a NaN (its max is NaN) describes no draw
+        host.drawn[np.isnan(log_kept)] = -1
 
 
 def align_row(values: np.ndarray, tail: np.ndarray, count: int, slot: int,
