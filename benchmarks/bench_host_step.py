@@ -15,8 +15,17 @@ per row, the mean over `--repeats` calls of:
   word scan          an alternative tried for that pass: `flatnonzero` over 8-byte
                      words, then only the words that hold an id (not used: slower)
   torch nonzero      the same pass in torch (not used: slower)
-  scaled top (torch) `support_logprobs.scaled_top_logprob` over every row
-  scaled top (numpy) the same sum of exp in numpy (what it replaced)
+  scaled top (torch) `support_logprobs.scaled_top_logprob` over every row: the
+                     largest entry of each row's `log_softmax` (one fused kernel,
+                     since 2026-12-04)
+  scaled top, 5 ops  the same value as five torch operations (max, subtract,
+                     exp, sum, log: what it was from 2026-12-01 to 2026-12-04)
+  scaled top (numpy) the same sum of exp in numpy (what it was before that)
+  support, every row `support_logprobs.on_host` with every row asked (a rollout's
+                     usual step: the values read at the ids as they are, one
+                     `max` per row for log S)
+  support, a subset  the same with every row but the last asked: the general
+                     path, which aligns each stored id's value with its row
   hop pickle         the worker -> engine core hop's part for the mask, up to what
                      the scheduler reads: the step's `StepMasks` (from
                      `extract_on_host`, with drawn tokens) pickled and unpickled as
@@ -50,7 +59,7 @@ import numpy as np
 import torch
 
 from vllm_sampling_mask.extraction import extract_on_host
-from vllm_sampling_mask.support_logprobs import scaled_top_logprob
+from vllm_sampling_mask.support_logprobs import on_host, scaled_top_logprob
 from vllm_sampling_mask.transport import MaskCopy, StepMasks
 from vllm_sampling_mask.worker.state import SamplingMaskState
 
@@ -66,6 +75,11 @@ def numpy_scaled_top(x: np.ndarray) -> np.ndarray:
     shifted = x - x.max(axis=1, keepdims=True)
     np.exp(shifted, out=shifted)
     return -np.log(shifted.sum(axis=1, dtype=np.float32))
+
+
+def five_op_scaled_top(scaled: torch.Tensor) -> torch.Tensor:
+    shifted = scaled - scaled.amax(dim=1, keepdim=True)
+    return -shifted.exp_().sum(dim=1).log_()
 
 
 def mean_us(call, repeats: int, flush: np.ndarray | None) -> float:
@@ -119,6 +133,9 @@ def main() -> None:
         masks = MaskCopy(extract_on_host(logits, None, 4096, sampled, values=False),
                          None).result(np.ones(rows, dtype=np.int64))
         fields = dict(vars(masks))
+        with_values = extract_on_host(logits, None, 4096, sampled)
+        scaled_top = scaled_top_logprob(scaled, every)
+        every_row, subset = np.ones(rows, dtype=bool), np.arange(rows) < rows - 1
         state = SamplingMaskState(rows, args.vocab)
         state.requests.wants[:] = True
         top_k = np.full(rows, 50)
@@ -132,7 +149,10 @@ def main() -> None:
             "word scan": lambda: word_scan(x),
             "torch nonzero": lambda: torch.isfinite(logits).view(-1).nonzero(),
             "scaled top (torch)": lambda: scaled_top_logprob(scaled, every),
+            "scaled top, 5 ops": lambda: five_op_scaled_top(scaled),
             "scaled top (numpy)": lambda: numpy_scaled_top(scaled.numpy()),
+            "support, every row": lambda: on_host(with_values, every_row, scaled_top, logits),
+            "support, a subset": lambda: on_host(with_values, subset, scaled_top, logits),
             "hop pickle": lambda: pickle.loads(pickle.dumps(masks, protocol=5)).wire(),
             "hop pickle, arrays": lambda: StepMasks(
                 **pickle.loads(pickle.dumps(fields, protocol=5))).wire(),
