@@ -68,6 +68,8 @@ import time
 
 from protocol import verdict
 
+from vllm_sampling_mask.sampling_mask import SamplingMask
+
 ARMS = ("off", "lists", "packed")     # on the mask server; "stock" on a server without
 
 
@@ -125,7 +127,6 @@ def body(model: str, arm: str, i: int, max_tokens: int, stream: bool,
 
 
 def mask_of(choice: dict):
-    from vllm_sampling_mask.sampling_mask import SamplingMask
     return None if choice.get("sampling_mask") is None else SamplingMask.from_response(choice)
 
 
@@ -149,14 +150,9 @@ async def one(client, url: str, request: dict, check: bool) -> tuple[int, list]:
         masked = any(choice.get("sampling_mask") is not None
                      for chunk in chunks for choice in chunk.get("choices", ())
                      if choice["index"] == index)
-        masks.append(mask_of_stream(chunks, index) if masked else None)
+        masks.append(SamplingMask.from_response(chunks, index=index) if masked else None)
     # ignore_eos: every choice runs to the end
     return request["max_tokens"] * request["n"], masks
-
-
-def mask_of_stream(chunks: list, index: int):
-    from vllm_sampling_mask.sampling_mask import SamplingMask
-    return SamplingMask.from_response(chunks, index=index)
 
 
 async def round_of(client, base, model, arm, clients, max_tokens, stream, check, pids,
@@ -221,20 +217,19 @@ async def run(servers: dict, model, levels, rounds, max_tokens, streams,
                     row[f"{arm} tok/s"] = round(t["tokens"] / t["wall"], 1)
                     row[f"{arm} api us/tok"] = round(t["api"] / t["tokens"] * 1e6, 1)
                     row[f"{arm} engine us/tok"] = round(t["engine"] / t["tokens"] * 1e6, 1)
-                for base_arm in ("off", "stock"):
-                    for arm in ("lists", "packed", "off"):
-                        if arm == base_arm or base_arm not in arms or arm not in arms:
-                            continue
-                        ratios = [(a["tokens"] / a["wall"]) / (b["tokens"] / b["wall"])
-                                  for a, b in zip(per_round[arm], per_round[base_arm])]
-                        judged = verdict(ratios)
-                        row[f"{arm}/{base_arm} tok/s"] = {
-                            "median": round(judged["median"], 3),
-                            "iqr": [round(judged["q1"], 3), round(judged["q3"], 3)],
-                            "status": judged["status"]}
-                        row[f"{arm}/{base_arm} api CPU"] = round(
-                            (totals[arm]["api"] / totals[arm]["tokens"])
-                            / (totals[base_arm]["api"] / totals[base_arm]["tokens"]), 3)
+                compared = [(arm, base_arm) for base_arm in ("off", "stock") if base_arm in arms
+                            for arm in ("lists", "packed", "off") if arm != base_arm]
+                for arm, base_arm in compared:
+                    ratios = [(a["tokens"] / a["wall"]) / (b["tokens"] / b["wall"])
+                              for a, b in zip(per_round[arm], per_round[base_arm])]
+                    judged = verdict(ratios)
+                    row[f"{arm}/{base_arm} tok/s"] = {
+                        "median": round(judged["median"], 3),
+                        "iqr": [round(judged["q1"], 3), round(judged["q3"], 3)],
+                        "status": judged["status"]}
+                    row[f"{arm}/{base_arm} api CPU"] = round(
+                        (totals[arm]["api"] / totals[arm]["tokens"])
+                        / (totals[base_arm]["api"] / totals[base_arm]["tokens"]), 3)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     return rows
