@@ -536,6 +536,7 @@ def test_the_compiled_encoder_leaves_what_it_does_not_take_to_packed_wire():
                                      (ids.reshape(1, 3), offsets),
                                      ([1, 2, 9], [0, 2, 3])):
         assert encode(other_ids, other_offsets) is None
+        assert packed_wire._packed_native.packed_json(other_ids, other_offsets) is None
         assert encode_packed(other_ids, offsets=other_offsets) == \
             encode_packed(ids, offsets=offsets)
     assert encode(b"\x01\x00\x00\x00" * 3, offsets) is None     # bytes: not int32
@@ -550,6 +551,7 @@ def test_the_compiled_encoder_leaves_what_it_does_not_take_to_packed_wire():
                                           ([1], [0], "ids")):
         bad_ids, bad_offsets = np.array(bad_ids, np.int32), np.array(bad_offsets, np.int64)
         assert encode(bad_ids, bad_offsets) is None
+        assert packed_wire._packed_native.packed_json(bad_ids, bad_offsets) is None
         with pytest.raises(ValueError, match=message):
             encode_packed(bad_ids, offsets=bad_offsets)
     with pytest.raises(TypeError, match="ids and offsets"):
@@ -574,3 +576,72 @@ def test_the_encoders_agree_with_and_without_the_compiled_one(monkeypatch):
     monkeypatch.setattr(packed_wire, "_packed_native", None)
     assert objects() == built
     assert [b85encode(raw) for raw in raws] == [base64.b85encode(raw).decode() for raw in raws]
+
+
+# -- the lists format's text (`lists_json`, a stream chunk's mask) -------------------
+
+def _lists_reference(mask: SamplingMask) -> str:
+    return json.dumps(mask.token_ids, separators=(",", ":"))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(_masks())
+def test_the_lists_text_is_jsons_text_of_the_lists(case):
+    """Any supports: `to_lists_json` writes what json writes of `token_ids`, with
+    the compiled encoder and without it."""
+    _, rows = case
+    mask = SamplingMask.from_lists(rows)
+    assert mask.to_lists_json() == _lists_reference(mask)
+    native, packed_wire._packed_native = packed_wire._packed_native, None
+    try:
+        assert mask.to_lists_json() == _lists_reference(mask)
+    finally:
+        packed_wire._packed_native = native
+
+
+@needs_native
+def test_the_compiled_lists_text_at_the_edges_and_what_it_leaves():
+    """Ids up to 2**31 - 1, empty tokens, no token, a slice of a larger mask (the
+    output processor's views); anything but a valid mask's arrays gets None, and
+    `lists_json` then writes json's text of them."""
+    lists_json = packed_wire._packed_native.lists_json
+    for rows in ([[2**31 - 1], [0, 9, 10, 99, 100, 999]], [[], [3], []], [], [[]]):
+        mask = SamplingMask.from_lists(rows)
+        assert lists_json(mask.ids, mask.offsets) == _lists_reference(mask)
+    whole = SamplingMask.from_lists([[1, 2], [30, 40, 50], [6]])
+    view = SamplingMask(whole.ids[2:5], whole.offsets[1:3] - 2)
+    assert lists_json(view.ids, view.offsets) == "[[30,40,50]]"
+    ids, offsets = np.array([1, 2, 9], np.int32), np.array([0, 2, 3], np.int64)
+    for other_ids, other_offsets in ((ids.astype(np.int64), offsets),
+                                     (ids, offsets.astype(np.int32)),
+                                     (np.repeat(ids, 2)[::2], offsets),
+                                     (np.array([-1, 2, 9], np.int32), offsets),
+                                     (ids, np.array([0, 2, 4], np.int64)),
+                                     (ids, np.array([1, 2, 3], np.int64)),
+                                     (ids, np.array([0, 3, 2, 3], np.int64)),
+                                     (ids, np.array([], np.int64))):
+        assert lists_json(other_ids, other_offsets) is None
+    assert packed_wire.lists_json(ids.astype(np.int64), offsets) == "[[1,2],[9]]"
+    with pytest.raises(TypeError, match="ids and offsets"):
+        lists_json(ids)
+
+
+def test_the_packed_text_is_jsons_text_of_the_packed_object():
+    """`to_packed_json` (a stream chunk's packed mask, written without json's
+    encoder) parses to `to_packed()`, with support logprobs and without."""
+    rng = np.random.default_rng(8)
+    for mask in [_random_mask(rng, tokens, 151_936, 300) for tokens in (0, 1, 5, 64)]:
+        assert json.loads(mask.to_packed_json()) == mask.to_packed()
+        with_logprobs = SamplingMask(mask.ids, mask.offsets, -rng.random(len(mask.ids)),
+                                     -rng.random(len(mask)))
+        assert json.loads(with_logprobs.to_packed_json()) == with_logprobs.to_packed()
+
+
+def test_the_packed_text_is_the_same_with_and_without_the_compiled_encoder(monkeypatch):
+    rng = np.random.default_rng(9)
+    masks = [_random_mask(rng, tokens, vocab, 300) for tokens in (0, 1, 7)
+             for vocab in (2, 151_936)]
+    built = [m.to_packed_json() for m in masks]
+    assert [json.loads(t) for t in built] == [m.to_packed() for m in masks]
+    monkeypatch.setattr(packed_wire, "_packed_native", None)
+    assert [m.to_packed_json() for m in masks] == built

@@ -1,4 +1,6 @@
-/* The packed wire's encoder, compiled: `packed-rice-v2` text of a mask, and base85.
+/* The wire's encoders, compiled: `packed-rice-v2` text of a mask (its `data`, or the
+ * whole object's JSON, `packed_json`), base85, and the lists format's JSON text of a
+ * mask (`lists_json`).
  *
  * The layout is the docstring of vllm_sampling_mask/packed_wire.py; this file
  * writes the same bytes as that module's numpy and plain-Python encoders
@@ -15,6 +17,8 @@
  */
 #include "_native_buffer.h"
 #include <stdint.h>
+
+#define PACKED_FORMAT "packed-rice-v2"    /* packed_wire.PACKED_FORMAT */
 
 static const char ALPHABET[] =
     "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -87,14 +91,20 @@ static inline int64_t offset_at(const char *offsets, Py_ssize_t i)
 }
 
 /* The base85 text (RFC 1924 alphabet, `base64.b85encode` without padding) of
- * `size` bytes: each 4 as 5 digits, a last group of r bytes as r + 1. */
-static PyObject *base85(const uint8_t *raw, Py_ssize_t size)
+ * `size` bytes: each 4 as 5 digits, a last group of r bytes as r + 1; between
+ * `prefix` and `suffix` (ASCII) when they are given. */
+static PyObject *base85_between(const uint8_t *raw, Py_ssize_t size,
+                                const char *prefix, const char *suffix)
 {
     Py_ssize_t full = size / 4, rest = size % 4;
-    PyObject *text = PyUnicode_New(5 * full + (rest ? rest + 1 : 0), 127);
+    size_t before = prefix ? strlen(prefix) : 0, after = suffix ? strlen(suffix) : 0;
+    Py_ssize_t digits_len = 5 * full + (rest ? rest + 1 : 0);
+    PyObject *text = PyUnicode_New((Py_ssize_t)before + digits_len + (Py_ssize_t)after, 127);
     if (text == NULL)
         return NULL;
     Py_UCS1 *out = PyUnicode_1BYTE_DATA(text);
+    memcpy(out, prefix ? prefix : "", before);
+    out += before;
     for (Py_ssize_t g = 0; g <= full; g++) {
         Py_ssize_t have = g < full ? 4 : rest;
         if (have == 0)
@@ -109,7 +119,13 @@ static PyObject *base85(const uint8_t *raw, Py_ssize_t size)
         }
         memcpy(out + 5 * g, digits, (size_t)(have == 4 ? 5 : have + 1));
     }
+    memcpy(out + digits_len, suffix ? suffix : "", after);
     return text;
+}
+
+static PyObject *base85(const uint8_t *raw, Py_ssize_t size)
+{
+    return base85_between(raw, size, NULL, NULL);
 }
 
 PyDoc_STRVAR(b85encode_doc,
@@ -203,17 +219,29 @@ static size_t capacity(Py_ssize_t n, Py_ssize_t tokens)
               + ((size_t)3 * n + (size_t)2 * tokens + 7) / 8;
 }
 
-PyDoc_STRVAR(encode_v2_doc,
-"encode_v2(ids, offsets) -> str | None: the `data` text of the packed-rice-v2\n"
-"object of a mask; `ids` the supports' ids back to back (1-D int32, C order),\n"
-"`offsets` each token's start and the end (1-D int64, C order, length T + 1).\n"
-"None for anything else, and for a mask that is not valid (the caller's own\n"
-"encoder says why).");
+/* Decimal digits of `value` written at `out`; their count. */
+static int put_decimal(char *out, uint64_t value)
+{
+    char digits[20];
+    int n = 0;
+    do {
+        digits[n++] = (char)('0' + value % 10);
+        value /= 10;
+    } while (value);
+    for (int i = 0; i < n; i++)
+        out[i] = digits[n - 1 - i];
+    return n;
+}
 
-static PyObject *encode_v2(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* The packed-rice-v2 text of the mask in `args` (ids, offsets), between `prefix`
+ * and `suffix`; when `framed`, the prefix is the packed object's opening up to
+ * its `data` string (with the token count) and the suffix closes it. None for
+ * arrays it does not take or a mask that is not valid. */
+static PyObject *encode_v2_text(PyObject *const *args, Py_ssize_t nargs, const char *name,
+                                int framed)
 {
     if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "encode_v2 takes ids and offsets");
+        PyErr_Format(PyExc_TypeError, "%s takes ids and offsets", name);
         return NULL;
     }
     Py_buffer ids, offsets;
@@ -225,10 +253,19 @@ static PyObject *encode_v2(PyObject *self, PyObject *const *args, Py_ssize_t nar
     }
     PyObject *result = NULL;
     Py_ssize_t n = ids.shape[0], tokens = offsets.shape[0] - 1;
+    static const char head[] = "{\"format\":\"" PACKED_FORMAT "\",\"tokens\":";
+    char prefix[sizeof head + 32] = "";
+    if (framed && tokens >= 0) {
+        char *at = prefix + sizeof head - 1;
+        memcpy(prefix, head, sizeof head - 1);
+        at += put_decimal(at, (uint64_t)tokens);
+        memcpy(at, ",\"data\":\"", sizeof ",\"data\":\"");
+    }
+    const char *suffix = framed ? "\"}" : NULL;
     if (tokens < 0) {
         result = Py_NewRef(Py_None);
     } else if (tokens == 0) {
-        result = n == 0 ? PyUnicode_New(0, 127) : Py_NewRef(Py_None);
+        result = n == 0 ? base85_between(NULL, 0, prefix, suffix) : Py_NewRef(Py_None);
     } else {
         size_t size = capacity(n, tokens);
         uint8_t *buffer = PyMem_Malloc(size);
@@ -244,7 +281,91 @@ static PyObject *encode_v2(PyObject *self, PyObject *const *args, Py_ssize_t nar
                 status = encode_v2_bytes(&b, ids.buf, n, offsets.buf, tokens);
                 Py_END_ALLOW_THREADS
             }
-            result = status == 0 ? base85(buffer, (Py_ssize_t)b.pos) : Py_NewRef(Py_None);
+            result = status == 0 ? base85_between(buffer, (Py_ssize_t)b.pos, prefix, suffix)
+                                 : Py_NewRef(Py_None);
+            PyMem_Free(buffer);
+        }
+    }
+    PyBuffer_Release(&ids);
+    PyBuffer_Release(&offsets);
+    return result;
+}
+
+PyDoc_STRVAR(encode_v2_doc,
+"encode_v2(ids, offsets) -> str | None: the `data` text of the packed-rice-v2\n"
+"object of a mask; `ids` the supports' ids back to back (1-D int32, C order),\n"
+"`offsets` each token's start and the end (1-D int64, C order, length T + 1).\n"
+"None for anything else, and for a mask that is not valid (the caller's own\n"
+"encoder says why).");
+
+static PyObject *encode_v2(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return encode_v2_text(args, nargs, "encode_v2", 0);
+}
+
+PyDoc_STRVAR(packed_json_doc,
+"packed_json(ids, offsets) -> str | None: the compact JSON text of the whole\n"
+"packed-rice-v2 object of a mask, `{\"format\":...,\"tokens\":T,\"data\":...}`\n"
+"(what json writes of packed_wire.encode_packed's object); as encode_v2 otherwise.");
+
+static PyObject *packed_json(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return encode_v2_text(args, nargs, "packed_json", 1);
+}
+
+PyDoc_STRVAR(lists_json_doc,
+"lists_json(ids, offsets) -> str | None: the compact JSON text of a mask's\n"
+"supports as lists, `[[3,17],[5]]` (what `json.dumps(mask.token_ids,\n"
+"separators=(',', ':'))` writes); `ids` and `offsets` as for encode_v2. None for\n"
+"anything else: other arrays, offsets that do not run from 0 to len(ids) without\n"
+"going back, a negative id.");
+
+static PyObject *lists_json(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "lists_json takes ids and offsets");
+        return NULL;
+    }
+    Py_buffer ids, offsets;
+    if (typed_buffer(args[0], &ids, 1, "ilq", 4, 0) < 0)
+        Py_RETURN_NONE;
+    if (typed_buffer(args[1], &offsets, 1, "ilq", 8, 0) < 0) {
+        PyBuffer_Release(&ids);
+        Py_RETURN_NONE;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = ids.shape[0], tokens = offsets.shape[0] - 1;
+    int valid = tokens >= 0 && offset_at(offsets.buf, 0) == 0
+                && offset_at(offsets.buf, tokens) == n;
+    for (Py_ssize_t t = 0; valid && t < tokens; t++)
+        valid = offset_at(offsets.buf, t) <= offset_at(offsets.buf, t + 1);
+    for (Py_ssize_t i = 0; valid && i < n; i++)
+        valid = id_at(ids.buf, i) >= 0;
+    if (!valid) {
+        result = Py_NewRef(Py_None);
+    } else {
+        /* at most 10 digits and a comma an id; "[]," a token; the outer brackets */
+        char *buffer = PyMem_Malloc(11 * (size_t)n + 3 * (size_t)tokens + 2);
+        if (buffer == NULL) {
+            PyErr_NoMemory();
+        } else {
+            char *at = buffer;
+            *at++ = '[';
+            for (Py_ssize_t t = 0; t < tokens; t++) {
+                if (t)
+                    *at++ = ',';
+                *at++ = '[';
+                Py_ssize_t end = (Py_ssize_t)offset_at(offsets.buf, t + 1);
+                for (Py_ssize_t i = (Py_ssize_t)offset_at(offsets.buf, t); i < end; i++) {
+                    at += put_decimal(at, (uint32_t)id_at(ids.buf, i));
+                    *at++ = ',';
+                }
+                if (at[-1] == ',')
+                    at--;
+                *at++ = ']';
+            }
+            *at++ = ']';
+            result = PyUnicode_DecodeASCII(buffer, at - buffer, NULL);
             PyMem_Free(buffer);
         }
     }
@@ -255,6 +376,8 @@ static PyObject *encode_v2(PyObject *self, PyObject *const *args, Py_ssize_t nar
 
 static PyMethodDef methods[] = {
     {"encode_v2", (PyCFunction)(void (*)(void))encode_v2, METH_FASTCALL, encode_v2_doc},
+    {"packed_json", (PyCFunction)(void (*)(void))packed_json, METH_FASTCALL, packed_json_doc},
+    {"lists_json", (PyCFunction)(void (*)(void))lists_json, METH_FASTCALL, lists_json_doc},
     {"b85encode", b85encode, METH_O, b85encode_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -93,12 +93,16 @@ The API server encodes with the compiled encoder, `_packed_native` (C, built by
 setup.py where a compiler is there), when it is built: the same bytes, written in
 one pass over the tokens and two over the ids, then base85 straight into the str
 (`NATIVE` says whether it is). The numpy and plain-Python encoders above are the
-fallback and the reference the tests hold it to.
+fallback and the reference the tests hold it to. It also writes a stream chunk's mask
+as JSON text in one call: `packed_json`, the whole packed object's text, and
+`lists_json`, what `json.dumps` makes of `SamplingMask.token_ids`, without building
+the lists.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import operator
 import struct
 from collections.abc import Callable, Mapping
@@ -113,7 +117,7 @@ except ImportError:          # not built (no C compiler at install): numpy and P
 __all__ = ["encode_floats", "decode_floats", "PACKED_FORMAT", "PACKED_FORMAT_V1",
            "PACKED_FORMATS", "MASK_FORMATS", "encode_packed", "encode_packed_v1",
            "decode_packed", "encode_varints", "decode_varints", "b85encode", "b85decode",
-           "is_packed", "NATIVE"]
+           "is_packed", "lists_json", "packed_json", "NATIVE"]
 
 PACKED_FORMAT = "packed-rice-v2"           # what `encode_packed` writes
 PACKED_FORMAT_V1 = "packed-varint-v1"      # the earlier layout, still decoded
@@ -915,3 +919,29 @@ def decode_packed(obj: Mapping, vocab_size: int | None = None) -> tuple[np.ndarr
     if vocab_size is not None and len(ids) and int(ids.max()) >= vocab_size:
         raise _error(f"id {int(ids.max())} is outside the vocabulary of {vocab_size}")
     return ids, counts
+
+
+# -- JSON text in one call (a stream chunk's mask) ----------------------------------
+
+def packed_json(ids: np.ndarray, offsets: np.ndarray) -> str:
+    """The compact JSON text of `encode_packed(ids, offsets=offsets)`'s object: by
+    the compiled encoder when it is built and takes the arrays, else by json."""
+    if _packed_native is not None:
+        text = _packed_native.packed_json(ids, offsets)
+        if text is not None:
+            return text
+    return json.dumps(encode_packed(ids, offsets=offsets), separators=(",", ":"))
+
+
+def lists_json(ids: np.ndarray, offsets: np.ndarray) -> str:
+    """The compact JSON text of a mask's supports as lists (`[[3,17],[5]]`), as
+    `json.dumps(mask.token_ids, separators=(",", ":"))` writes it: by the compiled
+    encoder when it is built and takes the arrays (`SamplingMask`'s), else by json."""
+    if _packed_native is not None:
+        text = _packed_native.lists_json(ids, offsets)
+        if text is not None:
+            return text
+    flat = np.asarray(ids).reshape(-1).tolist()
+    bounds = np.asarray(offsets).reshape(-1).tolist()
+    return json.dumps([flat[bounds[t]:bounds[t + 1]] for t in range(len(bounds) - 1)],
+                      separators=(",", ":"))

@@ -23,7 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from vllm_sampling_mask.packed_wire import (decode_floats, decode_packed, encode_floats,
-                                            encode_packed, is_packed)
+                                            encode_packed, is_packed, lists_json,
+                                            packed_json)
 
 __all__ = ["SamplingMask"]
 
@@ -220,6 +221,21 @@ class SamplingMask:
             packed["logprobs"] = encode_floats(self.logprobs)
             packed["log_kept"] = encode_floats(self.log_kept)
         return packed
+
+    def to_packed_json(self) -> str:
+        """`to_packed()` as compact JSON text, in one call where the compiled
+        encoder is built (`packed_wire.packed_json`): a stream chunk's packed mask.
+        The support logprobs' fields are base85 text, which needs no escaping."""
+        text = packed_json(self.ids, self.offsets)
+        if self.logprobs is None:
+            return text
+        return (f'{text[:-1]},"logprobs":"{encode_floats(self.logprobs)}",'
+                f'"log_kept":"{encode_floats(self.log_kept)}"}}')
+
+    def to_lists_json(self) -> str:
+        """`token_ids` as compact JSON text (`[[3,17],[5]]`), written without
+        building the lists (`packed_wire.lists_json`): a stream chunk's mask."""
+        return lists_json(self.ids, self.offsets)
 
     def logprob_lists(self) -> list[list[float]] | None:
         """One list of support logprobs per token (aligned with `token_ids`), or None."""
