@@ -19,8 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_sampling_mask.errors import SamplingMaskGenerationError
-from vllm_sampling_mask.patches._http import (_NO_MASK, StreamMasks, _single_choice_index,
-                                              _with_fields)
+from vllm_sampling_mask.patches._http import StreamMasks, _single_choice_index, _with_fields
 from vllm_sampling_mask.sampling_mask import SamplingMask
 
 
@@ -34,11 +33,17 @@ def parsed(event_text: str) -> dict:
     return json.loads(event_text[len("data: "):])
 
 
+def members(fields: dict) -> str:
+    """`fields` as the text of an object's members (what `_with_fields` writes)."""
+    return json.dumps(fields, ensure_ascii=False, separators=(",", ":"))[1:-1]
+
+
 def with_fields(chunk: dict, fields: dict) -> dict:
     """The chunk with `fields` set on every choice (what the JSON path writes)."""
     return {**chunk, "choices": [{**c, **fields} for c in chunk["choices"]]}
 
 
+_NO_MASK = {"sampling_mask": None}
 HEAD = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "demo"}
 ONE_CHOICE = {
     "completions": {**HEAD, "choices": [{"index": 0, "text": " hi", "logprobs": None,
@@ -70,7 +75,7 @@ FIELDS = {
 def test_one_choice_chunks_get_their_fields_in_their_text(shape, fields):
     chunk = ONE_CHOICE[shape]
     assert _single_choice_index(event(chunk)) == chunk["choices"][0]["index"]
-    written = _with_fields(event(chunk), FIELDS[fields])
+    written = _with_fields(event(chunk), members(FIELDS[fields]))
     assert written.endswith("\n\n")
     assert parsed(written) == with_fields(chunk, FIELDS[fields])
 
@@ -105,7 +110,7 @@ def test_the_text_path_parses_to_the_json_paths_object_whatever_the_content(
                                       "logprobs": {"tokens": [token]}}],
              "usage": None, **{k + "_": v for k, v in extra.items()}}
     assert _single_choice_index(event(chunk)) == index
-    assert parsed(_with_fields(event(chunk), fields)) == with_fields(chunk, fields)
+    assert parsed(_with_fields(event(chunk), members(fields))) == with_fields(chunk, fields)
 
 
 def completion(mask=None, reason=None, index=0, error=None, token_ids=()):

@@ -331,10 +331,11 @@ class StreamMasks:
         try:
             async for item in results:
                 prompt, res = item if self._indexed else (0, item)
-                served = _before_error(res)
-                if served is not None:   # tokens that came with the error: theirs first
-                    yield self._handing(prompt, served)
-                raise_mask_errors(res.outputs)
+                if _has_mask_error(res.outputs):
+                    served = _before_error(res)
+                    if served is not None:   # tokens that came with the error: theirs first
+                        yield self._handing(prompt, served)
+                    raise_mask_errors(res.outputs)
                 yield self._handing(prompt, res)
         finally:
             await results.aclose()
@@ -342,9 +343,12 @@ class StreamMasks:
     def _handing(self, prompt: int, res):
         """`res` (as the results iterator yields it) with outputs that hand their
         masks on as upstream reaches them."""
-        if any(c.sampling_mask is not None for c in res.outputs):
-            self._masked = True
-        res.outputs = _Reached(res.outputs, lambda c: self._reach(prompt, c))
+        outputs = res.outputs
+        if not self._masked:
+            for completion in outputs:
+                if completion.sampling_mask is not None:
+                    self._masked = True
+        res.outputs = _Reached(outputs, self, prompt)
         return (prompt, res) if self._indexed else res
 
     def _reach(self, prompt: int, completion) -> None:
@@ -370,38 +374,49 @@ class StreamMasks:
         if chunk is None or not chunk.get("choices"):
             return event  # [DONE], an error event, the usage chunk
         for choice in chunk["choices"]:
-            choice.update(self._fields(choice["index"]))
+            choice.update(json.loads("{" + self._fields(choice["index"]) + "}"))
         return f"data: {_CHUNK_JSON.encode(chunk)}\n\n"
 
-    def _fields(self, index: int) -> dict:
-        """The mask fields of the chunk choice `index`, taking what is pending for it."""
-        parts = self._pending.pop(index, [])
+    def _fields(self, index: int) -> str:
+        """The mask fields of the chunk choice `index` as JSON text (the members
+        of an object, without its braces), taking what is pending for it. The
+        mask is written straight from its arrays (`SamplingMask.to_lists_json`,
+        `to_packed_json`), not through Python lists and json's encoder."""
+        parts = self._pending.pop(index, None)
         if index in self._reasons:   # this token on: no mask, and why
-            return {"sampling_mask": None, "sampling_mask_reason": self._reasons[index]}
+            return _CHUNK_JSON.encode({"sampling_mask": None,
+                                       "sampling_mask_reason": self._reasons[index]})[1:-1]
         if not self._masked:
-            return _NO_MASK
+            return _NO_MASK_TEXT
         if parts:
             mask = SamplingMask.concat(parts)
         else:
             mask = (SamplingMask.from_lists([], [], []) if self._logprobs
                     else SamplingMask.from_lists([]))
-        fields = {"sampling_mask": mask_payload(mask, self._packed)}
-        if self._logprobs and not self._packed and mask.logprobs is not None:
-            fields["sampling_mask_logprobs"] = mask.logprob_lists()
-            fields["sampling_mask_log_kept"] = mask.log_kept.tolist()
-        return fields
+        if self._packed:
+            return '"sampling_mask":' + mask.to_packed_json()
+        text = '"sampling_mask":' + mask.to_lists_json()
+        if self._logprobs and mask.logprobs is not None:
+            text += "," + _CHUNK_JSON.encode({
+                "sampling_mask_logprobs": mask.logprob_lists(),
+                "sampling_mask_log_kept": mask.log_kept.tolist()})[1:-1]
+        return text
+
+
+def _has_mask_error(outputs) -> bool:
+    for completion in outputs:
+        if completion.sampling_mask_error is not None:
+            return True
+    return False
 
 
 def _before_error(res):
-    """The tokens a result holds before the step its mask error ended a choice on,
-    as a result of their own (None if no choice has an error, or none of them has
-    a token). Under load the engine's DELTA outputs are joined until the stream
+    """The tokens a result with a mask error holds before the step that error ended
+    a choice on, as a result of their own (None if none of them has a token). Under load the engine's DELTA outputs are joined until the stream
     takes them, so the tokens a choice drew before the failing step (which
     carries none: the scheduler ends it without its token) may arrive in the
     same output as the error; a stream serves them, masks and all, then the
     error event, whatever the timing."""
-    if all(c.sampling_mask_error is None for c in res.outputs):
-        return None
     outputs = []
     for completion in res.outputs:
         if completion.sampling_mask_error is not None:
@@ -419,25 +434,24 @@ def _before_error(res):
 
 
 class _Reached(list):
-    """A result's outputs that report each output as the stream generator
-    iterating them reaches it."""
+    """A result's outputs that report each output to the stream's hand-off
+    (`StreamMasks._reach`) as the stream generator iterating them reaches it."""
 
-    def __init__(self, outputs, reach: Callable) -> None:
+    def __init__(self, outputs, hand_off: StreamMasks, prompt: int) -> None:
         super().__init__(outputs)
-        self._reach = reach
+        self._hand_off, self._prompt = hand_off, prompt
 
     def __iter__(self):
         for completion in super().__iter__():
-            self._reach(completion)
+            self._hand_off._reach(self._prompt, completion)
             yield completion
 
 
 # a choice object in upstream's compact JSON, and a chunk's first one with its index
 _CHOICE = '{"index":'
 _FIRST_CHOICE = re.compile(r'"choices":\[\{"index":(\d+)[,}]')
-# the fields of a chunk choice without a mask, and their text
-_NO_MASK = {"sampling_mask": None}
-_NO_MASK_TEXT = _CHUNK_JSON.encode(_NO_MASK)[1:-1]
+# the fields of a chunk choice without a mask, as text
+_NO_MASK_TEXT = '"sampling_mask":null'
 
 
 def _single_choice_index(event: str) -> int | None:
@@ -451,11 +465,10 @@ def _single_choice_index(event: str) -> int | None:
     return None if first is None else int(first[1])
 
 
-def _with_fields(event: str, fields: dict) -> str:
-    """`event`, a chunk of one choice (`_single_choice_index`), with `fields`
-    written into that choice's text as its first keys."""
-    text = _NO_MASK_TEXT if fields is _NO_MASK else _CHUNK_JSON.encode(fields)[1:-1]
-    return event.replace('"choices":[{"index":', f'"choices":[{{{text},"index":', 1)
+def _with_fields(event: str, fields: str) -> str:
+    """`event`, a chunk of one choice (`_single_choice_index`), with `fields` (JSON
+    object members) written into that choice's text as its first keys."""
+    return event.replace('"choices":[{"index":', '"choices":[{' + fields + ',"index":', 1)
 
 
 def _event_json(event: str) -> dict | None:
@@ -574,13 +587,31 @@ async def open_stream(events: AsyncIterator[str], ErrorResponse: type):
     if event is not None and "error" in event and "choices" not in event:
         await events.aclose()
         return ErrorResponse.model_validate(event)
-    return _resumed(first, events)
+    return _Resumed(first, events)
 
 
-async def _resumed(first: str, events: AsyncIterator[str]):
-    try:
-        yield first
-        async for event in events:
-            yield event
-    finally:
-        await events.aclose()
+class _Resumed:
+    """`events` with the `first` event, already pulled, in front: every later event
+    is `events`' own `__anext__`, with no generator between (one per streamed token
+    would cost a frame resumption per chunk)."""
+
+    __slots__ = ("_first", "_events")
+
+    def __init__(self, first: str, events: AsyncIterator[str]) -> None:
+        self._first, self._events = first, events
+
+    def __aiter__(self):
+        return self
+
+    def __anext__(self):
+        if self._first is None:
+            return self._events.__anext__()
+        first, self._first = self._first, None
+        return _now(first)
+
+    def aclose(self):
+        return self._events.aclose()
+
+
+async def _now(value):
+    return value
