@@ -482,3 +482,49 @@ def test_accumulator_takes_the_wire_bytes_and_joins_them_when_read():
     bad.append(np.array([1, 2], "<i4").tobytes(), np.array([3], "<i4").tobytes())
     with pytest.raises(ValueError, match="add up to 3"):
         bad.mask()
+
+
+def test_a_read_once_accumulator_hands_out_what_a_keeping_one_does():
+    """A DELTA request's accumulator (`keep=False`) gives every span read in order
+    the mask a keeping one gives (ids, offsets, support logprobs), whatever the
+    appends (bytes or arrays, several tokens at once) and however the spans fall
+    (tokens skipped, empty spans); it raises for a span before what it handed out,
+    and after a stop answers None where the keeping one does."""
+    rng = np.random.default_rng(11)
+    for case in range(200):
+        with_logprobs = bool(case % 2)
+        keeping, once = (MaskAccumulator(with_logprobs, keep=k) for k in (True, False))
+        read = 0
+        for _ in range(rng.integers(1, 8)):
+            sizes = rng.integers(0, 6, rng.integers(1, 4))
+            ids = rng.integers(0, 1000, int(sizes.sum())).astype("<i4")
+            parts = [ids, sizes.astype("<i4")]
+            if with_logprobs:
+                parts += [-rng.random(len(ids)).astype("<f4"),
+                          -rng.random(len(sizes)).astype("<f4")]
+            if rng.random() < 0.5:
+                parts = [p.tobytes() for p in parts]
+            for acc in (keeping, once):
+                acc.append(*parts)
+            if rng.random() < 0.7:
+                first = read + int(rng.integers(0, 2)) if rng.random() < 0.2 else read
+                first = min(first, len(once))
+                last = int(rng.integers(first, len(once) + 1))
+                assert once.first_readable == read
+                assert once.mask(first, last) == keeping.mask(first, last)
+                read = last
+        if read:
+            with pytest.raises(ValueError, match="once"):
+                once.mask(read - 1, len(once))
+        assert once.mask(read, len(once)) == keeping.mask(read, len(once))
+    once = MaskAccumulator(keep=False)
+    once.append(np.array([1, 2, 3], np.int32), np.array([2, 1], np.int32))
+    assert once.mask(0, 1).token_ids == [[1, 2]]
+    once.stop("dropped")
+    once.skip(2)
+    assert once.mask(1, 2).token_ids == [[3]] and once.mask(2, 4) is None
+    assert once.mask(4, 4) is None
+    bad = MaskAccumulator(keep=False)
+    bad.append(np.array([1, 2], "<i4").tobytes(), np.array([3], "<i4").tobytes())
+    with pytest.raises(ValueError, match="add up to 3"):
+        bad.mask(0, 1)

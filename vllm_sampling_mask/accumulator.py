@@ -8,6 +8,11 @@ nothing); the next `mask` joins what arrived since the last one into the flat
 arrays in one go (one `bytes.join` and one `np.frombuffer` per field), and
 returns any span of tokens as a `SamplingMask` without copying the ids.
 
+A stream's accumulator (`keep=False`, a DELTA request's) hands each token out once,
+in order: its `mask` makes the span's arrays straight from what arrived since the
+last one (one `np.frombuffer` per field) and keeps nothing, as no later output
+reads those tokens again.
+
 A request that never asked for its mask (switch null) may lose it at a step the
 mask cannot describe (`stop`): from that token on there is no mask, only the
 reason, and any span reaching past it has none either (`mask` returns None; never
@@ -16,6 +21,8 @@ a partial list). Later tokens are only counted (`skip`).
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from vllm_sampling_mask.sampling_mask import SamplingMask
@@ -23,6 +30,17 @@ from vllm_sampling_mask.sampling_mask import SamplingMask
 
 def _nbytes(buffer) -> int:
     return buffer.nbytes if isinstance(buffer, np.ndarray) else len(buffer)
+
+
+def _offsets(counts: np.ndarray, ids: int) -> np.ndarray:
+    """The offsets (int64, from 0) of supports of `counts` ids each, which must
+    add up to the `ids` that came with them."""
+    offsets = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    if offsets[-1] != ids:
+        raise ValueError(f"MaskAccumulator: counts add up to {int(offsets[-1])}, "
+                         f"not the {ids} ids appended")
+    return offsets
 
 
 def _raw(values, dtype) -> bytes | np.ndarray:
@@ -35,9 +53,12 @@ def _raw(values, dtype) -> bytes | np.ndarray:
 
 class MaskAccumulator:
     """`with_logprobs`: the request asked for support logprobs; each `append`
-    then carries them (float32 aligned with the ids, and log S per token)."""
+    then carries them (float32 aligned with the ids, and log S per token).
+    `keep`: spans may be read again (cumulative and final outputs); False for a
+    DELTA request, whose spans are read once each, in order (a span starting
+    before the end of the last one read raises)."""
 
-    def __init__(self, with_logprobs: bool = False) -> None:
+    def __init__(self, with_logprobs: bool = False, keep: bool = True) -> None:
         self._ids = np.empty(256, dtype=np.int32)
         self._offsets = np.zeros(64, dtype=np.int64)
         self._tokens = 0                 # tokens in the flat arrays
@@ -49,10 +70,17 @@ class MaskAccumulator:
         self._pending_tokens = 0
         self.reason: str | None = None   # why the mask stopped (None: it did not)
         self._unmasked = 0               # tokens counted after the stop
+        self.keep = keep
 
     def __len__(self) -> int:
         """Tokens so far, those after a stop included."""
         return self._tokens + self._pending_tokens + self._unmasked
+
+    @property
+    def first_readable(self) -> int:
+        """The first token a span may start at: 0 while spans may be read again,
+        else the end of the last span read."""
+        return 0 if self.keep else self._tokens
 
     @property
     def stopped_at(self) -> int | None:
@@ -136,6 +164,8 @@ class MaskAccumulator:
     def mask(self, first: int = 0, last: int | None = None) -> SamplingMask | None:
         """The supports of tokens [first, last) as a SamplingMask; None when the
         span reaches a token past a stop (`reason` says why)."""
+        if not self.keep:
+            return self._read_once(first, len(self) if last is None else last)
         self._flush()
         last = len(self) if last is None else last
         if self.reason is not None and (last > self._tokens or first >= self._tokens):
@@ -149,3 +179,65 @@ class MaskAccumulator:
             return SamplingMask._of(self._ids[base:end], offsets - base)
         return SamplingMask._of(self._ids[base:end], offsets - base,
                                 self._logprobs[base:end], self._log_kept[first:last])
+
+    def _read_once(self, first: int, last: int) -> SamplingMask | None:
+        """`mask` of an accumulator that does not keep what it hands out: tokens
+        before `first` not yet read are dropped, those up to `last` become the
+        span's own arrays (read-only, over the bytes that came)."""
+        arrived = self._tokens + self._pending_tokens
+        if first < self._tokens or last < first:
+            raise ValueError(f"MaskAccumulator: tokens [{first}, {last}) asked of a mask "
+                             f"that hands each token out once ({self._tokens} read)")
+        if self.reason is not None and last > arrived:   # reaches past the stop
+            self._drop(arrived)
+            return None
+        if last > arrived:
+            raise ValueError(f"MaskAccumulator: tokens [{first}, {last}) asked, "
+                             f"{arrived} arrived")
+        if first != self._tokens or last != arrived:
+            ids_, counts_, logprobs_, log_kept_ = self._split(first, last)
+        else:
+            ids_, counts_, logprobs_, log_kept_ = self._pending
+            self._drop(last)
+        if len(counts_) == 1 and type(counts_[0]) is bytes and len(counts_[0]) == 4:
+            # one token's bytes (a stream's step)
+            ids, (count,) = np.frombuffer(ids_[0], "<i4"), struct.unpack("<i", counts_[0])
+            if count != len(ids):
+                raise ValueError(f"MaskAccumulator: counts add up to {count}, "
+                                 f"not the {len(ids)} ids appended")
+            offsets = np.array((0, count), np.int64)
+            logprobs, log_kept = (logprobs_ or (None,))[0], (log_kept_ or (None,))[0]
+        else:
+            ids, counts, logprobs, log_kept = (b"".join(parts) for parts in
+                                               (ids_, counts_, logprobs_, log_kept_))
+            ids = np.frombuffer(ids, "<i4")
+            offsets = _offsets(np.frombuffer(counts, "<i4"), len(ids))
+        if not self.with_logprobs:
+            return SamplingMask._of(ids, offsets)
+        return SamplingMask._of(ids, offsets, np.frombuffer(logprobs, "<f4"),
+                                np.frombuffer(log_kept, "<f4"))
+
+    def _drop(self, read: int) -> None:
+        """Forget what is pending: tokens up to `read` have been handed out."""
+        self._pending = ([], [], [], [])
+        self._pending_tokens = 0
+        self._tokens = read
+
+    def _split(self, first: int, last: int) -> tuple[list, list, list, list]:
+        """The pending parts of tokens [first, last), one array per field; those
+        before `first` are dropped (a read-once mask never hands them out), those
+        from `last` on stay pending."""
+        ids, counts, logprobs, log_kept = (
+            np.frombuffer(b"".join(parts), dtype)
+            for parts, dtype in zip(self._pending, ("<i4", "<i4", "<f4", "<f4")))
+        offsets = _offsets(counts, len(ids))
+        cut = [0, first - self._tokens, last - self._tokens, len(counts)]
+        at = [int(offsets[c]) for c in cut]
+
+        def parts(k: int) -> tuple[list, list, list, list]:
+            return ([ids[at[k]:at[k + 1]]], [counts[cut[k]:cut[k + 1]]],
+                    [logprobs[at[k]:at[k + 1]]] if self.with_logprobs else [],
+                    [log_kept[cut[k]:cut[k + 1]]] if self.with_logprobs else [])
+        span = parts(1)
+        self._pending, self._pending_tokens, self._tokens = parts(2), cut[3] - cut[2], last
+        return span

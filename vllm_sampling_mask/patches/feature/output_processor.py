@@ -47,7 +47,8 @@ def apply(module, release: Release) -> None:
         request = argument(wrapped, args, kwargs, "request")
         if request.sampling_params is not None and wants_mask(request.sampling_params):
             state.sampling_masks = MaskAccumulator(
-                with_logprobs=wants_support_logprobs(request.sampling_params))
+                with_logprobs=wants_support_logprobs(request.sampling_params),
+                keep=state.output_kind != RequestOutputKind.DELTA)
         return state
 
     @wraps(module, "OutputProcessor.process_outputs")
@@ -90,7 +91,7 @@ def apply(module, release: Release) -> None:
         n, have = len(output.token_ids), len(acc)
         first, last = ((have - n, have) if self.output_kind == RequestOutputKind.DELTA
                        else (0, n))
-        if 0 <= first and last <= have:
+        if acc.first_readable <= first and last <= have:
             output.sampling_mask = acc.mask(first, last)
             if output.sampling_mask is None:   # the mask stopped at or before `last`
                 output.sampling_mask_reason = acc.reason
