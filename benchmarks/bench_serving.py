@@ -44,12 +44,16 @@ block is `4 R (3 + W)` plus the spare slots (docs/design.md).
     python benchmarks/bench_serving.py --hand-off    # no server: the per-token path alone
 
 `--hand-off` times, without a server, what the API server does per streamed token of a
-request on a mask server beyond upstream's own work, in three parts that take turns
-(2,000 tokens of 24 ids, best of 7): `accumulator`, the output processor's
-`MaskAccumulator.append` of the engine core's bytes and the delta's `mask`; `hand-off,
-masked`, the stream hand-off (`StreamMasks`) taking that mask for the chunk's choice
-and writing it, as lists, into upstream's chunk event (a `/v1/completions` chunk of one
-token); `hand-off, no mask`, the hand-off writing a null into the same event.
+request on a mask server beyond upstream's own work (2,000 tokens of 24 ids, best of 7,
+the paths taking turns): `accumulator, stream`, the output processor's
+`MaskAccumulator.append` of the engine core's bytes and the delta's `mask` (a DELTA
+request's read-once accumulator; `accumulator, kept`: one that keeps every token, as
+cumulative and final outputs need); `masked: hand-off`, the stream hand-off
+(`StreamMasks.watch` on the results, `chunks` on the events, the opened stream) taking
+that mask for the chunk's choice and writing it, as lists, into upstream's chunk event
+(a `/v1/completions` chunk of one token), over a loop like upstream's alone; `packed:
+hand-off`, the same in the packed format; `no mask:
+hand-off`, the same for a request without a mask (a null written).
 
 Linux only (/proc); the bench's own client shares the machine's cores with the server.
 """
@@ -243,46 +247,74 @@ CHUNK = ('data: {"id":"cmpl-8f1c2a3b4c5d6e7f8a9b0c1d2e3f4a5b","object":"text_com
 
 def hand_off(tokens: int = 2000, size: int = 24, repeat: int = 7) -> dict:
     """Microseconds per streamed token of the API server's per-token paths (see the
-    module docstring), best of `repeat`, the three taking turns."""
+    module docstring), best of `repeat`, the paths taking turns."""
     from types import SimpleNamespace
 
     import numpy as np
 
     from vllm_sampling_mask.accumulator import MaskAccumulator
-    from vllm_sampling_mask.patches._http import StreamMasks
+    from vllm_sampling_mask.patches._http import StreamMasks, _Resumed
     rng = np.random.default_rng(0)
     ids = np.sort(rng.choice(4096, size, replace=False)).astype("<i4").tobytes()
     counts = np.array([size], "<i4").tobytes()
     masks = MaskAccumulator()
     masks.append(ids, counts)
-    output = SimpleNamespace(index=0, sampling_mask=masks.mask(0, 1),
-                             sampling_mask_reason=None)
+    mask = masks.mask(0, 1)
 
-    def accumulator():      # the output processor: append, then the delta's mask
-        acc = MaskAccumulator()
-        for t in range(tokens):
-            acc.append(ids, counts)
-            acc.mask(t, t + 1)
-
-    def stream(masked: bool):   # the stream hand-off: the chunk's mask into its event
+    def accumulator(keep: bool):   # the output processor: append, then the delta's mask
         def run():
-            hand_off = StreamMasks()
-            hand_off._masked = masked   # as `watch` sets it from the outputs
-            for _ in range(tokens):
-                if masked:
-                    hand_off._reach(0, output)
-                hand_off._with_masks(CHUNK)
+            acc = MaskAccumulator(keep=keep)
+            for t in range(tokens):
+                acc.append(ids, counts)
+                acc.mask(t, t + 1)
         return run
 
-    paths = {"accumulator": accumulator, "hand-off, masked": stream(True),
-             "hand-off, no mask": stream(False)}
+    def stream(hand_off: StreamMasks | None, masked: bool):
+        """The route's stream: results through `watch` into a loop like upstream's
+        (each result's outputs iterated, then its chunk), its events through
+        `chunks` and the opened stream (`_Resumed`); None: upstream's loop alone."""
+        async def engine():
+            for _ in range(tokens):
+                output = SimpleNamespace(index=0, sampling_mask=mask if masked else None,
+                                         sampling_mask_reason=None,
+                                         sampling_mask_error=None)
+                yield 0, SimpleNamespace(outputs=[output], finished=False)
+
+        async def upstream(results):
+            async for _, res in results:
+                for _ in res.outputs:
+                    pass
+                yield CHUNK
+
+        async def drain():
+            if hand_off is None:
+                events = upstream(engine())
+            else:
+                chunks = hand_off.chunks(upstream(hand_off.watch(engine())))
+                events = _Resumed(await anext(chunks), chunks)
+            async for _ in events:
+                pass
+        return lambda: asyncio.run(drain())
+
+    paths = {"accumulator, stream": accumulator(False),
+             "accumulator, kept": accumulator(True),
+             "upstream's loop alone": stream(None, False),
+             "with hand-off, masked": stream(StreamMasks(indexed=True), True),
+             "with hand-off, packed": stream(StreamMasks(indexed=True, packed=True), True),
+             "with hand-off, no mask": stream(StreamMasks(indexed=True), False)}
     best = dict.fromkeys(paths, float("inf"))
     for _ in range(repeat):
         for name, path in paths.items():
             t0 = time.process_time()
             path()
             best[name] = min(best[name], time.process_time() - t0)
-    return {f"{name} us/token": round(t / tokens * 1e6, 2) for name, t in best.items()}
+    per_token = {name: t / tokens * 1e6 for name, t in best.items()}
+    alone = per_token.pop("upstream's loop alone")
+    row = {f"{name} us/token": round(t, 2) for name, t in per_token.items()
+           if name.startswith("accumulator")}
+    for name in ("with hand-off, masked", "with hand-off, packed", "with hand-off, no mask"):
+        row[f"{name.split(', ', 1)[1]}: hand-off us/token"] = round(per_token[name] - alone, 2)
+    return row
 
 
 def main() -> None:

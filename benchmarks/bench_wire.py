@@ -1,9 +1,10 @@
 """The mask's wire: JSON lists against the packed encodings, same masks, one run.
 
 For each workload, every mask goes through the API server's encoders, exactly as
-the route patches call them (`_http.mask_payload`, then JSON as the response is
-written: pydantic for a full response's choice field, `json.dumps` for a stream
-chunk), and is decoded back with `SamplingMask.from_response` (checked equal). Four
+the route patches call them (a full response: `_http.mask_payload`, then pydantic's
+JSON of the choice field; a stream chunk: the mask's text written straight from its
+arrays, `SamplingMask.to_lists_json` or `to_packed_json`, written into a one-token
+`/v1/completions` chunk event and encoded to the bytes sent), and is decoded back with `SamplingMask.from_response` (checked equal). Four
 encoders: "lists" (the default), "v2" (`sampling_mask_format: "packed"`, what the
 server writes: `packed_wire.encode_packed`, format `packed-rice-v2`, base85, with
 the compiled encoder `_packed_native` where it is built), "v2py" (the same objects
@@ -64,6 +65,35 @@ def synthetic(kind: str, tokens: int, rng) -> SamplingMask:
 ENCODERS = ("lists", "v1", "v2py", "v2")
 
 
+def mask_text(mask: SamplingMask, encoder: str) -> str:
+    """A stream chunk's `sampling_mask` text as `_http.StreamMasks` writes it."""
+    if encoder == "lists":
+        return mask.to_lists_json()
+    if encoder == "v1":
+        return json.dumps(encode_packed_v1(mask.ids, offsets=mask.offsets))
+    if encoder == "v2py":
+        native, packed_wire._packed_native = packed_wire._packed_native, None
+        try:
+            return mask.to_packed_json()
+        finally:
+            packed_wire._packed_native = native
+    return mask.to_packed_json()
+
+
+# a one-token `/v1/completions` chunk as upstream writes it
+CHUNK = ('data: {"id":"cmpl-8f1c2a3b4c5d6e7f8a9b0c1d2e3f4a5b","object":"text_completion",'
+         '"created":1764672000,"model":"demo","choices":[{"index":0,"text":" hello",'
+         '"logprobs":null,"finish_reason":null,"stop_reason":null,"token_ids":[1234]}],'
+         '"usage":null}\n\n')
+
+
+def chunk_bytes(mask: SamplingMask, encoder: str) -> bytes:
+    """The chunk event with the mask written in (`_http._with_fields`), as the
+    bytes the response sends."""
+    from vllm_sampling_mask.patches._http import _with_fields
+    return _with_fields(CHUNK, '"sampling_mask":' + mask_text(mask, encoder)).encode()
+
+
 def payload(mask: SamplingMask, encoder: str):
     # what `_http.mask_payload` does (imported here would pull in vLLM); "v2py"
     # without the compiled encoder; "v1" is the earlier packed layout
@@ -94,17 +124,19 @@ def measure(masks: list[SamplingMask], label: str, repeat: int = 5,
     CPU), each keeping its best round."""
     adapter = _pydantic_adapter()
     rows = []
-    shapes = (("full", masks, adapter.dump_json),
+    shapes = (("full", masks, lambda m, encoder: adapter.dump_json(payload(m, encoder))),
               ("chunk", [SamplingMask.from_counts(m[t], [len(m[t])]) for m in masks[:2]
-                         for t in range(len(m))], json.dumps))
+                         for t in range(len(m))], chunk_bytes))
     for shape, work, dump in shapes:
         n_ids = sum(len(m.ids) for m in work)
         n_tok = sum(len(m) for m in work)
         row = {"workload": label, "shape": shape, "T": len(work[0]), "responses": len(work),
                "mean size": round(n_ids / n_tok, 2)}
         for encoder in ENCODERS:
-            texts = [dump(payload(m, encoder)) for m in work]
+            texts = [dump(m, encoder) for m in work]
             size = sum(len(t) for t in texts)
+            if shape == "chunk":   # the mask's own text, as for a full response
+                texts = [mask_text(m, encoder) for m in work]
             for m, text in zip(work, texts):
                 choice = {"index": 0, "sampling_mask": json.loads(text)}
                 assert SamplingMask.from_response(choice) == m
@@ -119,7 +151,7 @@ def measure(masks: list[SamplingMask], label: str, repeat: int = 5,
             for encoder in ENCODERS:
                 t0 = time.process_time()
                 for m in work:
-                    dump(payload(m, encoder))
+                    dump(m, encoder)
                 took = time.process_time() - t0
                 best[encoder] = min(best[encoder], took)
                 spent[encoder] += took
