@@ -55,6 +55,12 @@ that mask for the chunk's choice and writing it, as lists, into upstream's chunk
 hand-off`, the same in the packed format; `no mask:
 hand-off`, the same for a request without a mask (a null written).
 
+As `bench_step_cost.py` does, the servers' engines poll for 0.25 s after a read
+instead of upstream's 1 s (`idle_poll.py`), and each round starts once both servers'
+processes are quiet (`protocol.Settle`): vLLM's CPU build binds both servers' workers
+to the same core, and a round ran beside the other server's idle polling for most of
+its second. `--upstream-poll` puts both back as they were before 2026-12-05.
+
 Linux only (/proc); the bench's own client shares the machine's cores with the server.
 """
 
@@ -70,11 +76,13 @@ import statistics
 import tempfile
 import time
 
-from protocol import verdict
+import idle_poll
+from protocol import Settle, verdict
 
 from vllm_sampling_mask.sampling_mask import SamplingMask
 
 ARMS = ("off", "lists", "packed")     # on the mask server; "stock" on a server without
+IDLE_POLL_S = 0.25   # the engines' readers poll this long after a read (idle_poll.py)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -185,8 +193,9 @@ async def round_of(client, base, model, arm, clients, max_tokens, stream, check,
 
 
 async def run(servers: dict, model, levels, rounds, max_tokens, streams,
-              route="completions", n=1) -> list[dict]:
-    """`servers`: per arm, the (URL, [API server pid, its children's]) it is sent to."""
+              route="completions", n=1, settle=None) -> list[dict]:
+    """`servers`: per arm, the (URL, [API server pid, its children's]) it is sent to;
+    `settle`, called before each round (`protocol.Settle`)."""
     arms = tuple(servers)
     import httpx
     rows = []
@@ -202,6 +211,8 @@ async def run(servers: dict, model, levels, rounds, max_tokens, streams,
                     order = arms if r % 2 == 0 else arms[::-1]
                     for arm in order:
                         base, pids = servers[arm]
+                        if settle is not None:
+                            settle()
                         got = await round_of(client, base, model, arm, clients, max_tokens,
                                              stream, r == 0, pids, route, n)
                         if r == 0:
@@ -332,6 +343,9 @@ def main() -> None:
                     help="streamed requests, non-streamed ones, or both (default)")
     ap.add_argument("--stock", action="store_true",
                     help="also a server without --return-sampling-mask (the stock arm)")
+    ap.add_argument("--upstream-poll", action="store_true",
+                    help="leave the engines' idle polling at upstream's 1 s and start each "
+                         "round without waiting for quiet (Settle, idle_poll.py)")
     ap.add_argument("--hand-off", action="store_true",
                     help="only the per-token path of a stream, without a server")
     args = ap.parse_args()
@@ -340,9 +354,17 @@ def main() -> None:
         return
     streams = {"both": (True, False), "yes": (True,), "no": (False,)}[args.stream]
 
+    import psutil
+
     from vllm_sampling_mask.demo import server_process
     print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
-    servers = {}
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {"PYTHONPATH": os.pathsep.join(
+        [os.path.join(here, "engine_site")]
+        + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    if not args.upstream_poll:
+        env[idle_poll.ENV] = str(IDLE_POLL_S)
+    servers, apis = {}, []
     with contextlib.ExitStack() as stack:
         for name, mask in (("mask", True), ("stock", False))[:1 + args.stock]:
             with socket.socket() as s:
@@ -350,17 +372,22 @@ def main() -> None:
                 port = s.getsockname()[1]
             log_path = os.path.join(tempfile.gettempdir(), f"bench-serving-{name}-{port}.log")
             base, proc = stack.enter_context(server_process(
-                port, log_path, extra=["--served-model-name", "demo"], runner="v1", mask=mask))
+                port, log_path, extra=["--served-model-name", "demo"], runner="v1", mask=mask,
+                env=env))
             pids = [proc.pid] + descendants(proc.pid)
+            apis.append(psutil.Process(proc.pid))
             for arm in (ARMS if mask else ("stock",)):
                 servers[arm] = (base, pids)
         load_before = os.getloadavg()
+        settle = None if args.upstream_poll else Settle(apis)
         rows = asyncio.run(run(servers, "demo", args.clients, args.rounds, args.max_tokens,
-                               streams, args.route, args.n))
+                               streams, args.route, args.n, settle))
     print(f"load average after: {os.getloadavg()[0]:.2f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"vllm": vllm_release(), "cpus": os.cpu_count(),
+                       "idle_poll_s": None if args.upstream_poll else IDLE_POLL_S,
+                       "settle": None if settle is None else settle.report(),
                        "load_before": load_before, "load_after": os.getloadavg(),
                        "route": args.route, "n": args.n, "max_tokens": args.max_tokens,
                        "rows": rows}, f, indent=1)

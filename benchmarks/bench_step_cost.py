@@ -74,7 +74,7 @@ IDLE_POLL_S = 0.25   # the engines' readers poll this long after a read (idle_po
 ARM_SECONDS = 10.0   # each arm of a pair runs about this long of calls
 sys.path.insert(0, HERE)
 import idle_poll  # noqa: E402
-from protocol import GOAL, MAX_IQR, verdict  # noqa: E402
+from protocol import GOAL, MAX_IQR, Settle, cpu_seconds, verdict  # noqa: E402
 import step_timers  # noqa: E402
 from bench_v1_engine import model_path  # noqa: E402
 
@@ -111,12 +111,6 @@ def timed(llm, prompts, params, cpu: "CpuProbe | None" = None,
     return elapsed
 
 
-def cpu_seconds(proc) -> float:
-    """A process's CPU time so far (psutil), user and system."""
-    times = proc.cpu_times()
-    return times.user + times.system
-
-
 class CpuProbe:
     """CPU seconds of one engine's processes per timed call: its engine-core
     process, the worker processes that process started (vLLM 0.32's CPU build
@@ -141,47 +135,6 @@ class CpuProbe:
         now = (*self._cpu(), time.process_time())
         for name, a, b in zip(self.samples, self._t0, now):
             self.samples[name].append(b - a)
-
-
-class Settle:
-    """Before each timed call, waits until no engine process uses the CPU.
-
-    After a call, vLLM's worker keeps polling its shared-memory queue
-    (`sched_yield` in a loop) for a while: 1 s on 0.32 (`SpinCondition`'s
-    `busy_loop_s`), then it sleeps on a socket. On two cores, the other engine's
-    next call ran beside that poller, so in every pair the second call paid for
-    the first's: the on arm in one pair, the off arm in the next. Waiting for
-    quiet makes every call start alike. Quiet: the processes' CPU time over
-    `window` seconds is under `quiet` of one core (the kernel counts it in
-    10 ms ticks); at most `limit` seconds, and the calls that reach it are
-    counted."""
-
-    def __init__(self, processes, window: float = 0.1, quiet: float = 0.15,
-                 limit: float = 5.0) -> None:
-        self.processes = list(processes)
-        self.window, self.quiet, self.limit = window, quiet, limit
-        self.waited: list[float] = []
-        self.timeouts = 0
-
-    def _cpu(self) -> float:
-        return sum(cpu_seconds(p) for proc in self.processes
-                   for p in [proc] + proc.children(recursive=True))
-
-    def __call__(self) -> None:
-        start = time.perf_counter()
-        while True:
-            before = self._cpu()
-            time.sleep(self.window)
-            if (self._cpu() - before) / self.window < self.quiet:
-                break
-            if time.perf_counter() - start > self.limit:
-                self.timeouts += 1
-                break
-        self.waited.append(time.perf_counter() - start)
-
-    def report(self) -> dict:
-        return {"calls": len(self.waited), "median_wait_s": statistics.median(self.waited),
-                "max_wait_s": max(self.waited), "timeouts": self.timeouts}
 
 
 def new_engine(**kwargs):

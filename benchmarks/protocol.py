@@ -3,11 +3,14 @@
 A point is a list of pair ratios (mask on over mask off, each measured side by side
 in one pair); reported are their median and interquartile range. A point whose
 range is wider than `max_iqr` (3%) is "inconclusive", else "met" when the median
-reaches `goal` (0.97), else "not met" (docs/sampling_mask.md, "Cost")."""
+reaches `goal` (0.97), else "not met" (docs/sampling_mask.md, "Cost"). Before each
+timed call the engines' processes are let go quiet (`Settle`), so that no call runs
+beside the other arm's idle polling."""
 
 from __future__ import annotations
 
 import statistics
+import time
 
 GOAL = 0.97
 MAX_IQR = 0.03
@@ -26,3 +29,50 @@ def verdict(ratios: list[float], goal: float = GOAL, max_iqr: float = MAX_IQR) -
         status = "met" if median >= goal else "not met"
     return {"median": median, "q1": q1, "q3": q3, "iqr": q3 - q1, "status": status,
             "ratios": ratios}
+
+
+def cpu_seconds(proc) -> float:
+    """A process's CPU time so far (psutil), user and system."""
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
+class Settle:
+    """Before each timed call, waits until no engine process uses the CPU.
+
+    After a call, vLLM's worker keeps polling its shared-memory queue
+    (`sched_yield` in a loop) for a while: 1 s on 0.32 (`SpinCondition`'s
+    `busy_loop_s`), then it sleeps on a socket. On two cores, the other engine's
+    next call ran beside that poller, so in every pair the second call paid for
+    the first's: the on arm in one pair, the off arm in the next. Waiting for
+    quiet makes every call start alike. Quiet: the processes' CPU time over
+    `window` seconds is under `quiet` of one core (the kernel counts it in
+    10 ms ticks); at most `limit` seconds, and the calls that reach it are
+    counted."""
+
+    def __init__(self, processes, window: float = 0.1, quiet: float = 0.15,
+                 limit: float = 5.0) -> None:
+        self.processes = list(processes)
+        self.window, self.quiet, self.limit = window, quiet, limit
+        self.waited: list[float] = []
+        self.timeouts = 0
+
+    def _cpu(self) -> float:
+        return sum(cpu_seconds(p) for proc in self.processes
+                   for p in [proc] + proc.children(recursive=True))
+
+    def __call__(self) -> None:
+        start = time.perf_counter()
+        while True:
+            before = self._cpu()
+            time.sleep(self.window)
+            if (self._cpu() - before) / self.window < self.quiet:
+                break
+            if time.perf_counter() - start > self.limit:
+                self.timeouts += 1
+                break
+        self.waited.append(time.perf_counter() - start)
+
+    def report(self) -> dict:
+        return {"calls": len(self.waited), "median_wait_s": statistics.median(self.waited),
+                "max_wait_s": max(self.waited), "timeouts": self.timeouts}
