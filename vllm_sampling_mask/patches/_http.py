@@ -348,6 +348,7 @@ class StreamMasks:
             for completion in outputs:
                 if completion.sampling_mask is not None:
                     self._masked = True
+                    break
         res.outputs = _Reached(outputs, self, prompt)
         return (prompt, res) if self._indexed else res
 
@@ -412,11 +413,12 @@ def _has_mask_error(outputs) -> bool:
 
 def _before_error(res):
     """The tokens a result with a mask error holds before the step that error ended
-    a choice on, as a result of their own (None if none of them has a token). Under load the engine's DELTA outputs are joined until the stream
-    takes them, so the tokens a choice drew before the failing step (which
-    carries none: the scheduler ends it without its token) may arrive in the
-    same output as the error; a stream serves them, masks and all, then the
-    error event, whatever the timing."""
+    a choice on, as a result of their own (None if none of them has a token).
+    Under load the engine's DELTA outputs are joined until the stream takes them,
+    so the tokens a choice drew before the failing step (which carries none: the
+    scheduler ends it without its token) may arrive in the same output as the
+    error; a stream serves them, masks and all, then the error event, whatever
+    the timing."""
     outputs = []
     for completion in res.outputs:
         if completion.sampling_mask_error is not None:
