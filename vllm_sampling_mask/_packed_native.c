@@ -233,6 +233,26 @@ static int put_decimal(char *out, uint64_t value)
     return n;
 }
 
+/* The (ids, offsets) arguments of the encoders below as buffers: 1 when both are
+ * taken (1-D C-ordered int32 ids and int64 offsets; the caller releases them), 0
+ * when one is not (the caller answers None), -1 with TypeError set for a call
+ * without two arguments. */
+static int mask_buffers(PyObject *const *args, Py_ssize_t nargs, const char *name,
+                        Py_buffer *ids, Py_buffer *offsets)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "%s takes ids and offsets", name);
+        return -1;
+    }
+    if (typed_buffer(args[0], ids, 1, "ilq", 4, 0) < 0)
+        return 0;
+    if (typed_buffer(args[1], offsets, 1, "ilq", 8, 0) < 0) {
+        PyBuffer_Release(ids);
+        return 0;
+    }
+    return 1;
+}
+
 /* The packed-rice-v2 text of the mask in `args` (ids, offsets), between `prefix`
  * and `suffix`; when `framed`, the prefix is the packed object's opening up to
  * its `data` string (with the token count) and the suffix closes it. None for
@@ -240,17 +260,10 @@ static int put_decimal(char *out, uint64_t value)
 static PyObject *encode_v2_text(PyObject *const *args, Py_ssize_t nargs, const char *name,
                                 int framed)
 {
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "%s takes ids and offsets", name);
-        return NULL;
-    }
     Py_buffer ids, offsets;
-    if (typed_buffer(args[0], &ids, 1, "ilq", 4, 0) < 0)
-        Py_RETURN_NONE;
-    if (typed_buffer(args[1], &offsets, 1, "ilq", 8, 0) < 0) {
-        PyBuffer_Release(&ids);
-        Py_RETURN_NONE;
-    }
+    int taken = mask_buffers(args, nargs, name, &ids, &offsets);
+    if (taken <= 0)
+        return taken < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *result = NULL;
     Py_ssize_t n = ids.shape[0], tokens = offsets.shape[0] - 1;
     static const char head[] = "{\"format\":\"" PACKED_FORMAT "\",\"tokens\":";
@@ -322,17 +335,10 @@ PyDoc_STRVAR(lists_json_doc,
 
 static PyObject *lists_json(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "lists_json takes ids and offsets");
-        return NULL;
-    }
     Py_buffer ids, offsets;
-    if (typed_buffer(args[0], &ids, 1, "ilq", 4, 0) < 0)
-        Py_RETURN_NONE;
-    if (typed_buffer(args[1], &offsets, 1, "ilq", 8, 0) < 0) {
-        PyBuffer_Release(&ids);
-        Py_RETURN_NONE;
-    }
+    int taken = mask_buffers(args, nargs, "lists_json", &ids, &offsets);
+    if (taken <= 0)
+        return taken < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *result = NULL;
     Py_ssize_t n = ids.shape[0], tokens = offsets.shape[0] - 1;
     int valid = tokens >= 0 && offset_at(offsets.buf, 0) == 0
