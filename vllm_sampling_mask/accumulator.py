@@ -59,12 +59,13 @@ class MaskAccumulator:
     before the end of the last one read raises)."""
 
     def __init__(self, with_logprobs: bool = False, keep: bool = True) -> None:
-        self._ids = np.empty(256, dtype=np.int32)
-        self._offsets = np.zeros(64, dtype=np.int64)
-        self._tokens = 0                 # tokens in the flat arrays
+        ids, tokens = (256, 64) if keep else (0, 0)   # a read-once mask keeps no arrays
+        self._ids = np.empty(ids, dtype=np.int32)
+        self._offsets = np.zeros(tokens + 1, dtype=np.int64)
+        self._tokens = 0                 # tokens in the flat arrays (read once: handed out)
         self.with_logprobs = with_logprobs
-        self._logprobs = np.empty(256 if with_logprobs else 0, dtype=np.float32)
-        self._log_kept = np.empty(64 if with_logprobs else 0, dtype=np.float32)
+        self._logprobs = np.empty(ids if with_logprobs else 0, dtype=np.float32)
+        self._log_kept = np.empty(tokens if with_logprobs else 0, dtype=np.float32)
         # appended, not yet in the flat arrays: one list per field, and their tokens
         self._pending: tuple[list, list, list, list] = ([], [], [], [])
         self._pending_tokens = 0
