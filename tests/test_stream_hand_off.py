@@ -226,3 +226,34 @@ def test_tokens_joined_with_a_mask_error_stream_before_the_error():
     with pytest.raises(SamplingMaskGenerationError):
         asyncio.run(drive([[joined, other]]))
     assert seen == [[([12, 7], None, None), ([5], None, None)]]
+
+
+def test_the_opened_stream_serves_its_first_event_then_the_rest_however_it_is_driven():
+    """`open_stream`'s result (`_Resumed`) is driven by `async for` (starlette), by
+    `asyncio.create_task(anext(...))` (upstream's SSE keep-alive wrapper) and closed
+    by `aclose`, which closes the events under it."""
+    from vllm_sampling_mask.patches._http import _Resumed
+    closed = []
+
+    async def events():
+        try:
+            for event in ("b", "c"):
+                yield event
+        finally:
+            closed.append(True)
+
+    async def drive():
+        plain = [e async for e in _Resumed("a", events())]
+        tasks, stream = [], _Resumed("a", events())
+        while True:
+            try:
+                tasks.append(await asyncio.create_task(anext(stream)))
+            except StopAsyncIteration:
+                break
+        early = _Resumed("a", events())
+        assert await anext(early) == "a" and await anext(early) == "b"
+        await early.aclose()
+        return plain, tasks
+
+    assert asyncio.run(drive()) == (["a", "b", "c"], ["a", "b", "c"])
+    assert closed == [True, True, True]
