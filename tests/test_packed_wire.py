@@ -603,7 +603,7 @@ def test_the_lists_text_is_jsons_text_of_the_lists(case):
 def test_the_compiled_lists_text_at_the_edges_and_what_it_leaves():
     """Ids up to 2**31 - 1, empty tokens, no token, a slice of a larger mask (the
     output processor's views); anything but a valid mask's arrays gets None, and
-    `lists_json` then writes json's text of them."""
+    `SamplingMask.to_lists_json` then has json write the lists."""
     lists_json = packed_wire._packed_native.lists_json
     for rows in ([[2**31 - 1], [0, 9, 10, 99, 100, 999]], [[], [3], []], [], [[]]):
         mask = SamplingMask.from_lists(rows)
@@ -621,7 +621,10 @@ def test_the_compiled_lists_text_at_the_edges_and_what_it_leaves():
                                      (ids, np.array([0, 3, 2, 3], np.int64)),
                                      (ids, np.array([], np.int64))):
         assert lists_json(other_ids, other_offsets) is None
-    assert packed_wire.lists_json(ids.astype(np.int64), offsets) == "[[1,2],[9]]"
+    assert packed_wire.lists_json(ids.astype(np.int64), offsets) is None
+    # a mask the compiled encoder declines (a negative id): json writes its lists
+    declined = SamplingMask._of(np.array([-1, 2, 9], np.int32), offsets)
+    assert declined.to_lists_json() == "[[-1,2],[9]]"
     with pytest.raises(TypeError, match="ids and offsets"):
         lists_json(ids)
 

@@ -96,7 +96,7 @@ one pass over the tokens and two over the ids, then base85 straight into the str
 fallback and the reference the tests hold it to. It also writes a stream chunk's mask
 as JSON text in one call: `packed_json`, the whole packed object's text, and
 `lists_json`, what `json.dumps` makes of `SamplingMask.token_ids`, without building
-the lists.
+the lists (None without the compiled encoder).
 """
 
 from __future__ import annotations
@@ -933,15 +933,9 @@ def packed_json(ids: np.ndarray, offsets: np.ndarray) -> str:
     return json.dumps(encode_packed(ids, offsets=offsets), separators=(",", ":"))
 
 
-def lists_json(ids: np.ndarray, offsets: np.ndarray) -> str:
+def lists_json(ids: np.ndarray, offsets: np.ndarray) -> str | None:
     """The compact JSON text of a mask's supports as lists (`[[3,17],[5]]`), as
-    `json.dumps(mask.token_ids, separators=(",", ":"))` writes it: by the compiled
-    encoder when it is built and takes the arrays (`SamplingMask`'s), else by json."""
-    if _packed_native is not None:
-        text = _packed_native.lists_json(ids, offsets)
-        if text is not None:
-            return text
-    flat = np.asarray(ids).reshape(-1).tolist()
-    bounds = np.asarray(offsets).reshape(-1).tolist()
-    return json.dumps([flat[bounds[t]:bounds[t + 1]] for t in range(len(bounds) - 1)],
-                      separators=(",", ":"))
+    `json.dumps(mask.token_ids, separators=(",", ":"))` writes it, by the compiled
+    encoder; None where it is not built or does not take the arrays (then
+    `SamplingMask.to_lists_json` has json write its `token_ids`)."""
+    return None if _packed_native is None else _packed_native.lists_json(ids, offsets)

@@ -18,6 +18,7 @@ None otherwise):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -234,8 +235,10 @@ class SamplingMask:
 
     def to_lists_json(self) -> str:
         """`token_ids` as compact JSON text (`[[3,17],[5]]`), written without
-        building the lists (`packed_wire.lists_json`): a stream chunk's mask."""
-        return lists_json(self.ids, self.offsets)
+        building the lists where the compiled encoder is built
+        (`packed_wire.lists_json`): a stream chunk's mask."""
+        text = lists_json(self.ids, self.offsets)
+        return json.dumps(self.token_ids, separators=(",", ":")) if text is None else text
 
     def logprob_lists(self) -> list[list[float]] | None:
         """One list of support logprobs per token (aligned with `token_ids`), or None."""
