@@ -200,18 +200,17 @@ class MaskAccumulator:
         else:
             ids_, counts_, logprobs_, log_kept_ = self._pending
             self._drop(last)
-        if len(counts_) == 1 and type(counts_[0]) is bytes and len(counts_[0]) == 4:
-            # one token's bytes (a stream's step)
-            ids, (count,) = np.frombuffer(ids_[0], "<i4"), struct.unpack("<i", counts_[0])
+        # one part per field is a stream's step: `join` hands it back as it is
+        ids, counts, logprobs, log_kept = (b"".join(parts) for parts in
+                                           (ids_, counts_, logprobs_, log_kept_))
+        ids = np.frombuffer(ids, "<i4")
+        if len(counts) == 4:      # one token: its count is the ids' number, checked
+            (count,) = struct.unpack("<i", counts)
             if count != len(ids):
                 raise ValueError(f"MaskAccumulator: counts add up to {count}, "
                                  f"not the {len(ids)} ids appended")
             offsets = np.array((0, count), np.int64)
-            logprobs, log_kept = (logprobs_ or (None,))[0], (log_kept_ or (None,))[0]
         else:
-            ids, counts, logprobs, log_kept = (b"".join(parts) for parts in
-                                               (ids_, counts_, logprobs_, log_kept_))
-            ids = np.frombuffer(ids, "<i4")
             offsets = _offsets(np.frombuffer(counts, "<i4"), len(ids))
         if not self.with_logprobs:
             return SamplingMask._of(ids, offsets)
