@@ -42,6 +42,7 @@ block is `4 R (3 + W)` plus the spare slots (docs/design.md).
     python benchmarks/bench_serving.py --stock --stream yes --clients 32
     python benchmarks/bench_serving.py --route chat --n 2 --clients 8 --rounds 9
     python benchmarks/bench_serving.py --hand-off    # no server: the per-token path alone
+    python benchmarks/bench_serving.py --hand-off --against /tmp/old   # and a worktree's
 
 `--hand-off` times, without a server, what the API server does per streamed token of a
 request on a mask server beyond upstream's own work (2,000 tokens of 24 ids, best of 7,
@@ -53,7 +54,12 @@ cumulative and final outputs need); `masked: hand-off`, the stream hand-off
 that mask for the chunk's choice and writing it, as lists, into upstream's chunk event
 (a `/v1/completions` chunk of one token), over a loop like upstream's alone; `packed:
 hand-off`, the same in the packed format; `no mask:
-hand-off`, the same for a request without a mask (a null written).
+hand-off`, the same for a request without a mask (a null written). `--against DIR`
+times the package at DIR (a worktree of an earlier commit, `git worktree add DIR REV`, its C files built in
+place: `python setup.py build_ext --inplace` there)
+and this checkout the same way, each in its own process, taking turns, 3 runs each,
+and prints the medians of both (an earlier commit's stream accumulator is the one it
+had: before the read-once one, that kept every token).
 
 As `bench_step_cost.py` does, the servers' engines poll for 0.25 s after a read
 instead of upstream's 1 s (`idle_poll.py`), and each round starts once both servers'
@@ -69,10 +75,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import inspect
 import json
 import os
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -264,7 +273,10 @@ def hand_off(tokens: int = 2000, size: int = 24, repeat: int = 7) -> dict:
     import numpy as np
 
     from vllm_sampling_mask.accumulator import MaskAccumulator
-    from vllm_sampling_mask.patches._http import StreamMasks, _Resumed
+    from vllm_sampling_mask.patches._http import StreamMasks, open_stream
+    # what the output processor makes for a stream (before the read-once accumulator,
+    # which `--against` may time: the one that keeps every token)
+    reads_once = "keep" in inspect.signature(MaskAccumulator).parameters
     rng = np.random.default_rng(0)
     ids = np.sort(rng.choice(4096, size, replace=False)).astype("<i4").tobytes()
     counts = np.array([size], "<i4").tobytes()
@@ -274,7 +286,7 @@ def hand_off(tokens: int = 2000, size: int = 24, repeat: int = 7) -> dict:
 
     def accumulator(keep: bool):   # the output processor: append, then the delta's mask
         def run():
-            acc = MaskAccumulator(keep=keep)
+            acc = MaskAccumulator(keep=keep) if reads_once else MaskAccumulator()
             for t in range(tokens):
                 acc.append(ids, counts)
                 acc.mask(t, t + 1)
@@ -283,7 +295,7 @@ def hand_off(tokens: int = 2000, size: int = 24, repeat: int = 7) -> dict:
     def stream(hand_off: StreamMasks | None, masked: bool):
         """The route's stream: results through `watch` into a loop like upstream's
         (each result's outputs iterated, then its chunk), its events through
-        `chunks` and the opened stream (`_Resumed`); None: upstream's loop alone."""
+        `chunks` and the opened stream (`open_stream`); None: upstream's loop alone."""
         async def engine():
             for _ in range(tokens):
                 output = SimpleNamespace(index=0, sampling_mask=mask if masked else None,
@@ -301,8 +313,8 @@ def hand_off(tokens: int = 2000, size: int = 24, repeat: int = 7) -> dict:
             if hand_off is None:
                 events = upstream(engine())
             else:
-                chunks = hand_off.chunks(upstream(hand_off.watch(engine())))
-                events = _Resumed(await anext(chunks), chunks)
+                events = await open_stream(
+                    hand_off.chunks(upstream(hand_off.watch(engine()))), ErrorResponse=None)
             async for _ in events:
                 pass
         return lambda: asyncio.run(drain())
@@ -328,6 +340,32 @@ def hand_off(tokens: int = 2000, size: int = 24, repeat: int = 7) -> dict:
     return row
 
 
+def use_code(root: str) -> None:
+    """Import `vllm_sampling_mask` from `root` (a worktree of another commit) instead
+    of the installed checkout: the site hook has imported this one already."""
+    for name in [m for m in sys.modules if m.split(".")[0] == "vllm_sampling_mask"]:
+        del sys.modules[name]
+    sys.meta_path[:] = [f for f in sys.meta_path
+                        if "__editable__" not in getattr(f, "__module__", "")
+                        and "__editable__" not in type(f).__module__]
+    sys.path.insert(0, os.path.abspath(root))
+
+
+def hand_off_against(other: str, runs: int = 3) -> dict:
+    """`--hand-off` of the package at `other` and of this checkout, each in its own
+    process, taking turns `runs` times; the medians of each."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    got = {other: [], here: []}
+    for _ in range(runs):
+        for root in got:
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--hand-off",
+                                  "--code", root], check=True, capture_output=True,
+                                 text=True).stdout
+            got[root].append(json.loads(out.splitlines()[-1]))
+    return {label: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+            for label, rows in (("against", got[other]), ("this checkout", got[here]))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, nargs="+", default=[8, 32])
@@ -348,8 +386,17 @@ def main() -> None:
                          "round without waiting for quiet (Settle, idle_poll.py)")
     ap.add_argument("--hand-off", action="store_true",
                     help="only the per-token path of a stream, without a server")
+    ap.add_argument("--against", metavar="DIR",
+                    help="with --hand-off: also time the package at DIR (a worktree of "
+                         "another commit), the two taking turns, 3 runs each, medians")
+    ap.add_argument("--code", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.hand_off:
+        if args.against:
+            print(json.dumps(hand_off_against(args.against)))
+            return
+        if args.code:
+            use_code(args.code)
         print(json.dumps(hand_off()))
         return
     streams = {"both": (True, False), "yes": (True,), "no": (False,)}[args.stream]
