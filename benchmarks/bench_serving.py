@@ -30,6 +30,10 @@ streamed (one chunk per token) and not. Per arm, summed over `--rounds` rounds:
                    10 ms ticks)
     <arm>/stock    (`--stock`) the same against the stock arm
 
+The servers' API server and engine-core processes and this one are bound to the CPUs
+the workers are not (`protocol.pin_beside_workers`; `--no-pin` leaves them to the
+kernel), so that each server's processes sit alike.
+
 The first round of each arm is a check (every choice carries one mask per token in
 the masked arms, none in the off arm) and is not timed. The mask's memory per step
 is printed from the masks the lists arm got: on a CPU host the worker's step holds
@@ -86,7 +90,7 @@ import tempfile
 import time
 
 import idle_poll
-from protocol import Settle, verdict
+from protocol import Settle, pin_beside_workers, verdict
 
 from vllm_sampling_mask.sampling_mask import SamplingMask
 
@@ -384,6 +388,9 @@ def main() -> None:
     ap.add_argument("--upstream-poll", action="store_true",
                     help="leave the engines' idle polling at upstream's 1 s and start each "
                          "round without waiting for quiet (Settle, idle_poll.py)")
+    ap.add_argument("--no-pin", action="store_true",
+                    help="leave the API servers, engine cores and this process where the "
+                         "kernel puts them (protocol.pin_beside_workers)")
     ap.add_argument("--hand-off", action="store_true",
                     help="only the per-token path of a stream, without a server")
     ap.add_argument("--against", metavar="DIR",
@@ -425,6 +432,10 @@ def main() -> None:
             apis.append(psutil.Process(proc.pid))
             for arm in (ARMS if mask else ("stock",)):
                 servers[arm] = (base, pids)
+        pinned = None if args.no_pin else pin_beside_workers(apis)
+        print(f"API servers, engine cores and this process bound to CPUs {pinned}"
+              if pinned else "API servers, engine cores and this process not bound",
+              flush=True)
         load_before = os.getloadavg()
         settle = None if args.upstream_poll else Settle(apis)
         rows = asyncio.run(run(servers, "demo", args.clients, args.rounds, args.max_tokens,
@@ -435,6 +446,7 @@ def main() -> None:
             json.dump({"vllm": vllm_release(), "cpus": os.cpu_count(),
                        "idle_poll_s": None if args.upstream_poll else IDLE_POLL_S,
                        "settle": None if settle is None else settle.report(),
+                       "pinned_to": pinned,
                        "load_before": load_before, "load_after": os.getloadavg(),
                        "route": args.route, "n": args.n, "max_tokens": args.max_tokens,
                        "rows": rows}, f, indent=1)

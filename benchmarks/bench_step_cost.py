@@ -23,6 +23,11 @@ The protocol the step-cost goal is judged by (docs/sampling_mask.md, "Cost"):
   call vLLM's worker polls its queue for a second on the core both workers are
   bound to, which the other engine's next call otherwise ran beside;
   `--upstream-poll` and `--no-settle` put back each as it was before 2026-12-02;
+- the engine cores and this process are bound to the CPUs the workers are not
+  (`protocol.pin_beside_workers`): left to the kernel, an engine core sat on its
+  worker's core for one engine's whole life and beside it for the other's, and
+  whole runs of one point differed by more than each run's range; `--no-pin`
+  leaves them as before 2026-12-05;
 - one more point per batch on the mask-on engine: requests asking for support
   logprobs vs mask only (the same alternating pairs);
 - the machine's load average before and after, and the release;
@@ -74,7 +79,7 @@ IDLE_POLL_S = 0.25   # the engines' readers poll this long after a read (idle_po
 ARM_SECONDS = 10.0   # each arm of a pair runs about this long of calls
 sys.path.insert(0, HERE)
 import idle_poll  # noqa: E402
-from protocol import GOAL, MAX_IQR, Settle, cpu_seconds, verdict  # noqa: E402
+from protocol import GOAL, MAX_IQR, Settle, cpu_seconds, pin_beside_workers, verdict  # noqa: E402
 import step_timers  # noqa: E402
 from bench_v1_engine import model_path  # noqa: E402
 
@@ -231,7 +236,7 @@ def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal:
             max_iqr: float, support: bool = True, both_off: bool = False,
             speculative: dict | None = None, cpu: bool = False,
             timers: str | None = None, settle: bool = True,
-            arm_seconds: float = ARM_SECONDS) -> list[dict]:
+            arm_seconds: float = ARM_SECONDS, pin: bool = True) -> list[dict]:
     common = dict(model=model, dtype="float32", max_model_len=512, enforce_eager=True,
                   seed=0, logprobs_mode="processed_logprobs",
                   kv_cache_memory_bytes=1 << 30, max_num_seqs=max(batches),
@@ -242,6 +247,7 @@ def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal:
     # `both_off`: the protocol's own check, the second engine with the mask off too
     on, on_procs = new_engine(**common) if both_off else new_engine(
         **common, return_sampling_mask=True)
+    pinned = pin_beside_workers(off_procs + on_procs) if pin else None
     rows = []
     for batch in batches:
         quiet = Settle(off_procs + on_procs) if settle else None
@@ -265,7 +271,7 @@ def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal:
         mask = pairs(lambda: timed(off, prompts, params, probes[0], client["off"], quiet),
                      lambda: timed(on, prompts, params, probes[1], client["on"], quiet),
                      n_pairs, calls, times)
-        row = {"batch": batch, "calls_per_arm": calls,
+        row = {"batch": batch, "calls_per_arm": calls, "pinned_to": pinned,
                "mask_on_vs_off": verdict(mask, goal, max_iqr),
                "calls": {"off": spread(times[0]), "on": spread(times[1])}}
         if cpu:   # the prefill gives the first token, each further step one more
@@ -323,6 +329,10 @@ def main() -> None:
                     help="start each timed call at once, without waiting for the other "
                          "engine's worker to stop polling (the protocol before "
                          "2026-12-02; Settle says why it waits)")
+    ap.add_argument("--no-pin", action="store_true",
+                    help="leave the engine cores and this process where the kernel puts "
+                         "them (the protocol before 2026-12-05, later; "
+                         "protocol.pin_beside_workers says why it binds them)")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args()
     if args.pairs < 4:
@@ -355,7 +365,7 @@ def main() -> None:
             path, args.batches, args.pairs, args.max_tokens, args.goal, args.max_iqr,
             not args.no_support, args.both_off,
             speculative_config(args.speculative, path, workdir), args.cpu, timers,
-            not args.no_settle, args.arm_seconds)
+            not args.no_settle, args.arm_seconds, not args.no_pin)
     report["load_after"] = os.getloadavg()
     print(f"\nV1 runner, vLLM {vllm.__version__}, {args.max_tokens} tokens, top_k 50, "
           f"top_p 0.95, speculative decoding {args.speculative or 'off'}, "
@@ -377,6 +387,9 @@ def main() -> None:
             accepted = (f" | acceptance off {row['acceptance_off']:.3f}, on "
                         f"{row['acceptance_on']:.3f}" if "acceptance_on" in row else "")
             print(f"{name:>12} {row['batch']:>5} | {cells[0]:>39} | {cells[1]:>39}{accepted}")
+            print(f"{'':>12} {'':>5}   engine cores and client bound to CPUs "
+                  f"{row['pinned_to']}" if row.get("pinned_to") else
+                  f"{'':>12} {'':>5}   engine cores and client not bound")
             print(f"{'':>12} {'':>5}   {row['calls_per_arm']} calls per arm; identical "
                   f"calls varied by {row['calls']['off']['cv']:.1%} (off) and "
                   f"{row['calls']['on']['cv']:.1%} (on), coefficient of variation")

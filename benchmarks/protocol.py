@@ -9,6 +9,7 @@ beside the other arm's idle polling."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -76,3 +77,37 @@ class Settle:
     def report(self) -> dict:
         return {"calls": len(self.waited), "median_wait_s": statistics.median(self.waited),
                 "max_wait_s": max(self.waited), "timeouts": self.timeouts}
+
+
+def _tasks(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except FileNotFoundError:
+        return []
+
+
+def pin_beside_workers(processes, client: bool = True) -> list[int] | None:
+    """Binds every thread of the engines' processes other than their workers, and
+    of this (the client) process where `client`, to the CPUs no worker is bound
+    to, so that both arms' processes sit alike. vLLM's CPU build binds each
+    worker's threads to cores (both engines' workers to the same one on this
+    machine); the engine core, which polls for the worker's output, and the
+    client are left to the kernel, which placed them anew for each engine: on the
+    workers' core for one engine, beside it for the other, for the engine's whole
+    life. A worker is a process whose affinity is a strict subset of the
+    machine's. Returns the CPUs the rest were bound to, or None where the workers
+    leave none (nothing is bound then). Threads started later inherit it."""
+    machine = os.sched_getaffinity(0)
+    everything = [p for proc in processes for p in [proc] + proc.children(recursive=True)]
+    workers = [p for p in everything if set(p.cpu_affinity()) < machine]
+    free = sorted(machine - {c for w in workers for c in w.cpu_affinity()})
+    if not workers or not free:
+        return None
+    rest = [p.pid for p in everything if p not in workers]
+    for pid in rest + ([os.getpid()] if client else []):
+        for task in _tasks(pid):
+            try:
+                os.sched_setaffinity(task, free)
+            except (ProcessLookupError, PermissionError):
+                pass              # a thread that ended meanwhile
+    return free
