@@ -27,7 +27,9 @@ The protocol the step-cost goal is judged by (docs/sampling_mask.md, "Cost"):
   (`protocol.pin_beside_workers`): left to the kernel, an engine core sat on its
   worker's core for one engine's whole life and beside it for the other's, and
   whole runs of one point differed by more than each run's range; `--no-pin`
-  leaves them as before 2026-12-05;
+  leaves them as before 2026-12-05; `--on-first` starts the mask-on engine first
+  (the engines are otherwise started off, then on), the check that the order the
+  engines started in does not make the figure;
 - one more point per batch on the mask-on engine: requests asking for support
   logprobs vs mask only (the same alternating pairs);
 - the machine's load average before and after, and the release;
@@ -236,17 +238,19 @@ def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal:
             max_iqr: float, support: bool = True, both_off: bool = False,
             speculative: dict | None = None, cpu: bool = False,
             timers: str | None = None, settle: bool = True,
-            arm_seconds: float = ARM_SECONDS, pin: bool = True) -> list[dict]:
+            arm_seconds: float = ARM_SECONDS, pin: bool = True,
+            on_first: bool = False) -> list[dict]:
     common = dict(model=model, dtype="float32", max_model_len=512, enforce_eager=True,
                   seed=0, logprobs_mode="processed_logprobs",
                   kv_cache_memory_bytes=1 << 30, max_num_seqs=max(batches),
                   skip_tokenizer_init=True)
     if speculative is not None:
         common.update(speculative_config=speculative, disable_log_stats=False)
-    off, off_procs = new_engine(**common)
     # `both_off`: the protocol's own check, the second engine with the mask off too
-    on, on_procs = new_engine(**common) if both_off else new_engine(
-        **common, return_sampling_mask=True)
+    arms = {"off": {}, "on": {} if both_off else {"return_sampling_mask": True}}
+    started = {arm: new_engine(**common, **arms[arm])
+               for arm in (("on", "off") if on_first else ("off", "on"))}
+    (off, off_procs), (on, on_procs) = started["off"], started["on"]
     pinned = pin_beside_workers(off_procs + on_procs) if pin else None
     rows = []
     for batch in batches:
@@ -272,6 +276,7 @@ def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal:
                      lambda: timed(on, prompts, params, probes[1], client["on"], quiet),
                      n_pairs, calls, times)
         row = {"batch": batch, "calls_per_arm": calls, "pinned_to": pinned,
+               "started_first": "on" if on_first else "off",
                "mask_on_vs_off": verdict(mask, goal, max_iqr),
                "calls": {"off": spread(times[0]), "on": spread(times[1])}}
         if cpu:   # the prefill gives the first token, each further step one more
@@ -333,6 +338,9 @@ def main() -> None:
                     help="leave the engine cores and this process where the kernel puts "
                          "them (the protocol before 2026-12-05, later; "
                          "protocol.pin_beside_workers says why it binds them)")
+    ap.add_argument("--on-first", action="store_true",
+                    help="start the mask-on engine first (a check that the engines' "
+                         "start order does not make the figure)")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args()
     if args.pairs < 4:
@@ -365,7 +373,7 @@ def main() -> None:
             path, args.batches, args.pairs, args.max_tokens, args.goal, args.max_iqr,
             not args.no_support, args.both_off,
             speculative_config(args.speculative, path, workdir), args.cpu, timers,
-            not args.no_settle, args.arm_seconds, not args.no_pin)
+            not args.no_settle, args.arm_seconds, not args.no_pin, args.on_first)
     report["load_after"] = os.getloadavg()
     print(f"\nV1 runner, vLLM {vllm.__version__}, {args.max_tokens} tokens, top_k 50, "
           f"top_p 0.95, speculative decoding {args.speculative or 'off'}, "
