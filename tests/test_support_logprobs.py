@@ -236,3 +236,58 @@ def test_every_row_asked_on_the_host_nan_rows_describe_no_draw():
     assert np.isnan(host.log_kept[:2]).all() and (host.log_kept[2:] == 0.0).all()
     np.testing.assert_array_equal(host.logprobs, processed.numpy()[
         np.repeat(np.arange(4), np.diff(host.offsets)), host.ids])
+
+
+@pytest.mark.parametrize("rows,vocab", [(3, 151_936), (70, 4096)])
+def test_a_large_host_batchs_scaled_top_is_taken_in_blocks_and_matches_float64(rows, vocab):
+    """Past `_BLOCK_LOGITS` CPU float32 logits the scaled top is reduced a block of
+    rows at a time (one row per block at V = 151,936; 64 rows, then a part block
+    of 6, at 4,096) through a reused buffer: the same value as float64's
+    log-softmax maximum, within 1e-6, for the rows asked and 0 in the others,
+    and NaN where a row holds a NaN."""
+    from vllm_sampling_mask.support_logprobs import _BLOCK_LOGITS, scaled_top_logprob
+
+    assert rows * vocab > _BLOCK_LOGITS
+    generator = torch.Generator().manual_seed(11)
+    scaled = torch.randn(rows, vocab, generator=generator) * 4
+    scaled[1, 7] = float("nan")
+    every = np.arange(rows)
+    top = scaled_top_logprob(scaled, every)
+    reference = scaled.double().log_softmax(dim=1).amax(dim=1)
+    finite = np.arange(rows) != 1
+    np.testing.assert_allclose(top.numpy()[finite], reference.numpy()[finite], rtol=0,
+                               atol=1e-6)
+    assert np.isnan(top[1].item())
+    subset = np.arange(0, rows, 2)
+    picked = scaled_top_logprob(scaled, subset)
+    assert picked.numpy()[1::2].tolist() == [0.0] * len(picked[1::2])
+    np.testing.assert_allclose(picked.numpy()[subset], reference.numpy()[subset], rtol=0,
+                               atol=2e-6)        # 35 x 4,096 logits: the fused kernel
+
+
+def test_a_whole_row_keeps_log_s_zero_at_a_large_vocabulary_on_the_host():
+    """At V = 151,936 the scaled top is the blocked one and the processed
+    logprobs the sampler's fused `log_softmax`: the two round differently, yet a
+    row nothing filtered has log S = 0 exactly (`whole_rows_kept`), a truncated
+    row its float64 reference, and a row whose scaled logits hold a NaN stays NaN
+    and describes no draw."""
+    from vllm_sampling_mask.extraction import extract_on_host
+    from vllm_sampling_mask.support_logprobs import on_host, scaled_top_logprob
+
+    vocab = 151_936
+    generator = torch.Generator().manual_seed(13)
+    scaled = torch.randn(4, vocab, generator=generator) * 3
+    truncated = scaled.clone()
+    cut = truncated[1] < truncated[1].topk(50).values[-1]
+    truncated[1][cut] = float("-inf")
+    processed = truncated.log_softmax(dim=1)     # rows 0, 2, 3: untouched
+    scaled[3, 5] = float("nan")                  # NaN in the scaled logits only
+    sampled = processed.argmax(dim=1)
+    mask = extract_on_host(processed, None, vocab, sampled)
+    for asked in (np.ones(4, bool), np.array([True, True, False, True])):
+        on_host(mask, asked, scaled_top_logprob(scaled, np.flatnonzero(asked)), processed)
+        log_kept = mask.host.log_kept
+        assert log_kept[0] == 0.0
+        reference = torch.logsumexp(scaled[1].double().log_softmax(0)[~cut], 0)
+        assert abs(float(log_kept[1]) - float(reference)) < 5e-6
+        assert np.isnan(log_kept[3]) and mask.host.drawn[3] == -1

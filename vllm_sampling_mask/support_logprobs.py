@@ -39,6 +39,7 @@ instead pass the whole `scaled_logits` [B, V]; the tests use it as a reference.)
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,7 +48,7 @@ import torch
 from vllm_sampling_mask.extraction import DeviceMask, host_index
 
 __all__ = ["DeviceSupportLogprobs", "gather_support_logprobs", "align_row",
-           "scaled_top_logprob"]
+           "scaled_top_logprob", "whole_rows_kept"]
 
 
 @dataclass
@@ -76,6 +77,45 @@ def _host_view(x: torch.Tensor) -> np.ndarray | None:
     return x.numpy()
 
 
+# A CPU host's scaled rows past this many logits are reduced a block of rows at a
+# time through one reused buffer of about this size (`_blocked_top_logprob`)
+_BLOCK_LOGITS = 1 << 18
+_room = threading.local()
+
+
+def _blocked_top_logprob(rows: torch.Tensor) -> torch.Tensor:
+    """log p_max of each row of CPU float32 `rows`, -log sum exp(x - max), without
+    a tensor as large as `rows`: the fused `log_softmax` writes one, whose pages a
+    CPU host maps and zeroes anew each step (24 ms at 64 x 151,936 against 6 ms
+    here; `benchmarks/bench_host_step.py`). The sums are torch's (pairwise), so
+    the value is also closer to float64's than the fused kernel's."""
+    batch, vocab = rows.shape
+    block = max(1, _BLOCK_LOGITS // vocab)
+    room = getattr(_room, "buffer", None)
+    if room is None or room.numel() < block * vocab:
+        room = _room.buffer = torch.empty(max(_BLOCK_LOGITS, vocab), dtype=torch.float32)
+    top = rows.amax(dim=1)
+    sums = torch.empty(batch, dtype=torch.float32)
+    for start in range(0, batch, block):
+        part = rows[start:start + block]
+        shifted = room[: len(part) * vocab].view(len(part), vocab)
+        torch.sub(part, top[start:start + block, None], out=shifted)
+        torch.sum(shifted.exp_(), dim=1, out=sums[start:start + block])
+    return sums.log_().neg_()
+
+
+def whole_rows_kept(log_kept, counts, vocab: int):
+    """log S with 0 exactly in the rows whose support is the whole vocabulary
+    (nothing was filtered: S = 1), whatever rounding the two top logprobs it
+    was taken from carry; a NaN stays NaN (that row describes no draw). numpy
+    or torch, as given."""
+    if isinstance(log_kept, torch.Tensor):
+        whole = (counts == vocab) & ~torch.isnan(log_kept)
+        return torch.where(whole, torch.zeros_like(log_kept), log_kept)
+    whole = (np.asarray(counts) == vocab) & ~np.isnan(log_kept)
+    return np.where(whole, np.float32(0.0), log_kept).astype(log_kept.dtype, copy=False)
+
+
 def scaled_top_logprob(scaled_logits: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
     """For the sampler's batch rows `rows` (host ints, ascending), the log of the
     largest probability of the temperature-scaled distribution, float32 in a [B]
@@ -84,11 +124,12 @@ def scaled_top_logprob(scaled_logits: torch.Tensor, rows: np.ndarray) -> torch.T
     needs no copy of the scaled logits (see `gather_support_logprobs`).
 
     Computed as the largest entry of the rows' `log_softmax`, the operation the
-    V1 sampler's processed logprobs come from: an untruncated row's processed
-    logprobs are that same tensor, so its log S is 0 exactly, and the fused
-    kernel costs a third of the five small operations (max, subtract, exp, sum,
-    log) it replaced on a CPU host at the demo's 8 x 4,096
-    (`benchmarks/bench_host_step.py`). No operation writes the logits."""
+    V1 sampler's processed logprobs come from, in one fused kernel that costs a
+    third of the five small operations (max, subtract, exp, sum, log) it replaced
+    on a CPU host at the demo's 8 x 4,096 (`benchmarks/bench_host_step.py`); past
+    `_BLOCK_LOGITS` logits of CPU float32, a block of rows at a time
+    (`_blocked_top_logprob`). A row nothing filtered gets log S = 0 exactly
+    where it is taken (`whole_rows_kept`). No operation writes the logits."""
     batch = scaled_logits.shape[0]
     out = torch.zeros(batch, dtype=torch.float32, device=scaled_logits.device)
     if len(rows):
@@ -96,7 +137,11 @@ def scaled_top_logprob(scaled_logits: torch.Tensor, rows: np.ndarray) -> torch.T
         every_row = len(rows) == batch    # ascending and distinct: all of them
         index = None if every_row else host_index(rows, scaled_logits.device)
         picked = scaled_logits if every_row else scaled_logits.index_select(0, index)
-        top = picked.log_softmax(dim=1, dtype=torch.float32).amax(dim=1)
+        if picked.device.type == "cpu" and picked.dtype == torch.float32 \
+                and picked.numel() > _BLOCK_LOGITS:
+            top = _blocked_top_logprob(picked)
+        else:
+            top = picked.log_softmax(dim=1, dtype=torch.float32).amax(dim=1)
         if every_row:
             out.copy_(top)
         else:
@@ -154,8 +199,7 @@ def gather_support_logprobs(processed_logprobs: torch.Tensor,
         processed = processed.log_softmax(dim=1)
     if scaled_logits is None:
         # log p_max of the processed row: its largest logprob, what
-        # `scaled_top_logprob` reads of the scaled row, so an untruncated row
-        # (processed == scaled) gives log S = 0 exactly
+        # `scaled_top_logprob` reads of the scaled row
         processed_top = processed.amax(dim=1)
     row_ids = ids.index_select(0, pick).long()                        # [A, W]
     valid = row_ids >= 0
@@ -165,7 +209,8 @@ def gather_support_logprobs(processed_logprobs: torch.Tensor,
     # log S over the support (the finite processed entries: exactly the mask)
     if scaled_logits is None:
         log_kept = scaled_top.index_select(0, source).float() - processed_top
-        log_kept = torch.clamp(log_kept, max=0.0)
+        log_kept = whole_rows_kept(torch.clamp(log_kept, max=0.0),
+                                   meta.index_select(0, pick)[:, 0], vocab)
     else:
         scaled = scaled_logits.index_select(0, source).float()
         top = scaled.amax(dim=1, keepdim=True)
@@ -205,7 +250,9 @@ def _gather_on_host(processed: np.ndarray, mask: DeviceMask, block_rows: np.ndar
     valid = row_ids >= 0
     values = np.take_along_axis(rows, np.where(valid, row_ids, 0), axis=1)
     values[~valid] = np.nan
-    log_kept = np.minimum(scaled_top.numpy()[source] - rows.max(axis=1), 0.0)
+    log_kept = whole_rows_kept(np.minimum(scaled_top.numpy()[source] - rows.max(axis=1),
+                                          np.float32(0.0)),
+                               meta[block_rows, 0], layout.vocab_size)
     if layout.slots:
         # each slot has at most one owner; a slot nobody asked for holds another
         # row's values, never read (only asked wide rows are aligned)
@@ -258,7 +305,9 @@ def on_host(mask: DeviceMask, asked: np.ndarray, scaled_top: torch.Tensor,
         else:           # processed logprobs: log p_max is the row's largest
             logprobs[picked] = host.values[picked]
             top = rows.max(axis=1)
-        log_kept[block_rows] = np.minimum(scaled_top.numpy()[source] - top, 0.0)
+        log_kept[block_rows] = whole_rows_kept(
+            np.minimum(scaled_top.numpy()[source] - top, np.float32(0.0)),
+            host.counts[block_rows], x.shape[1])
     host.asked, host.logprobs, host.log_kept = asked, logprobs, log_kept
     if host.drawn is not None:   # NaN support logprobs describe no draw
         bad = asked & np.isnan(log_kept)
@@ -275,7 +324,8 @@ def _every_row_on_host(host, asked: np.ndarray, x: np.ndarray,
     logprobs as they are (finite by construction: the ids are the finite
     entries), and log S needs one `max` per row; none of the per-id bookkeeping
     a subset needs (a few microseconds each on a loaded host)."""
-    log_kept = np.minimum(scaled_top.numpy() - x.max(axis=1), np.float32(0.0))
+    log_kept = whole_rows_kept(np.minimum(scaled_top.numpy() - x.max(axis=1),
+                                          np.float32(0.0)), host.counts, x.shape[1])
     host.asked, host.logprobs = asked, host.values.astype(np.float32, copy=False)
     host.log_kept = log_kept.astype(np.float32, copy=False)
     if host.drawn is not None:   # a row holding a NaN (its max is NaN) describes no draw
