@@ -86,8 +86,9 @@ _room = threading.local()
 def _blocked_top_logprob(rows: torch.Tensor) -> torch.Tensor:
     """log p_max of each row of CPU float32 `rows`, -log sum exp(x - max), without
     a tensor as large as `rows`: the fused `log_softmax` writes one, whose pages a
-    CPU host maps and zeroes anew each step (24 ms at 64 x 151,936 against 6 ms
-    here; `benchmarks/bench_host_step.py`). The sums are torch's (pairwise), so
+    CPU host maps and zeroes anew each step past glibc's reuse threshold (26 ms
+    at 64 x 151,936 on one thread against 6.3 ms here;
+    `benchmarks/bench_host_step.py`). The sums are torch's (pairwise), so
     the value is also closer to float64's than the fused kernel's."""
     batch, vocab = rows.shape
     block = max(1, _BLOCK_LOGITS // vocab)
