@@ -20,7 +20,8 @@ per row, the mean over `--repeats` calls of:
                      since 2026-12-04); past 2**18 logits a block of rows at a
                      time through a reused buffer (since 2026-12-05)
   scaled top, fused  the fused kernel at every size (what it was from 2026-12-04
-                     to 2026-12-05)
+                     to 2026-12-05); both scaled tops' largest error against
+                     float64's is printed once per row count
   scaled top, 5 ops  the same value as five torch operations (max, subtract,
                      exp, sum, log: what it was from 2026-12-01 to 2026-12-04)
   scaled top (numpy) the same sum of exp in numpy (what it was before that)
@@ -168,6 +169,10 @@ def main() -> None:
         }
         print(f"rows {rows:3d}  worker step: "
               f"{python_calls(calls['worker step'])} Python calls")
+        reference = scaled.double().log_softmax(dim=1).amax(dim=1)
+        print(f"rows {rows:3d}  scaled top, largest error against float64: "
+              f"{(scaled_top.double() - reference).abs().max():.1e} (torch), "
+              f"{(fused_scaled_top(scaled).double() - reference).abs().max():.1e} (fused)")
         for name, call in calls.items():
             warm = mean_us(call, args.repeats, None)
             cold = mean_us(call, args.repeats, flush)

@@ -79,13 +79,6 @@ class Settle:
                 "max_wait_s": max(self.waited), "timeouts": self.timeouts}
 
 
-def _tasks(pid: int) -> list[int]:
-    try:
-        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except FileNotFoundError:
-        return []
-
-
 def pin_beside_workers(processes, client: bool = True) -> list[int] | None:
     """Binds every thread of the engines' processes other than their workers, and
     of this (the client) process where `client`, to the CPUs no worker is bound
@@ -103,11 +96,12 @@ def pin_beside_workers(processes, client: bool = True) -> list[int] | None:
     free = sorted(machine - {c for w in workers for c in w.cpu_affinity()})
     if not workers or not free:
         return None
-    rest = [p.pid for p in everything if p not in workers]
-    for pid in rest + ([os.getpid()] if client else []):
-        for task in _tasks(pid):
+    import psutil
+    rest = [p for p in everything if p not in workers]
+    for proc in rest + ([psutil.Process()] if client else []):
+        for thread in proc.threads():
             try:
-                os.sched_setaffinity(task, free)
+                os.sched_setaffinity(thread.id, free)
             except (ProcessLookupError, PermissionError):
                 pass              # a thread that ended meanwhile
     return free

@@ -114,7 +114,7 @@ def whole_rows_kept(log_kept, counts, vocab: int):
         whole = (counts == vocab) & ~torch.isnan(log_kept)
         return torch.where(whole, torch.zeros_like(log_kept), log_kept)
     whole = (np.asarray(counts) == vocab) & ~np.isnan(log_kept)
-    return np.where(whole, np.float32(0.0), log_kept).astype(log_kept.dtype, copy=False)
+    return np.where(whole, np.float32(0.0), log_kept)
 
 
 def scaled_top_logprob(scaled_logits: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
@@ -191,6 +191,7 @@ def gather_support_logprobs(processed_logprobs: torch.Tensor,
         return _gather_on_host(host, mask, block_rows, scaled_top)
     meta, ids, _ = layout.views(mask.block)
     pick = host_index(block_rows, device)
+    meta = meta.index_select(0, pick)                                 # [A, 3]
     source = host_index(_source_rows(mask, block_rows), device)
     every_row = len(block_rows) == processed_logprobs.shape[0] and np.array_equal(
         _source_rows(mask, block_rows), np.arange(len(block_rows)))
@@ -211,7 +212,7 @@ def gather_support_logprobs(processed_logprobs: torch.Tensor,
     if scaled_logits is None:
         log_kept = scaled_top.index_select(0, source).float() - processed_top
         log_kept = whole_rows_kept(torch.clamp(log_kept, max=0.0),
-                                   meta.index_select(0, pick)[:, 0], vocab)
+                                   meta[:, 0], vocab)
     else:
         scaled = scaled_logits.index_select(0, source).float()
         top = scaled.amax(dim=1, keepdim=True)
@@ -227,7 +228,7 @@ def gather_support_logprobs(processed_logprobs: torch.Tensor,
     # row's values, never read: only asked wide rows are aligned)
     slots = layout.slots
     if slots:
-        slot = meta.index_select(0, pick)[:, 1].long()
+        slot = meta[:, 1].long()
         target = torch.where(slot >= 0, slot, torch.full_like(slot, slots))
         owner = torch.zeros(slots + 1, dtype=torch.long, device=device)
         owner.index_copy_(0, target, torch.arange(len(block_rows), device=device))
