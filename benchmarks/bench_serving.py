@@ -34,6 +34,11 @@ The servers' API server and engine-core processes and this one are bound to the 
 the workers are not (`protocol.pin_beside_workers`; `--no-pin` leaves them to the
 kernel), so that each server's processes sit alike.
 
+The mask server is started first (`--stock-first`: the stock server). `--both-stock`
+is the check of the two-server comparison, as `bench_step_cost.py --both-off` is of the
+engines': the first server is started without the flag too and gets the off arm
+alone, so `off/stock` is two identical servers' gap.
+
 The first round of each arm is a check (every choice carries one mask per token in
 the masked arms, none in the off arm) and is not timed. The mask's memory per step
 is printed from the masks the lists arm got: on a CPU host the worker's step holds
@@ -44,6 +49,7 @@ block is `4 R (3 + W)` plus the spare slots (docs/design.md).
     python benchmarks/bench_serving.py
     python benchmarks/bench_serving.py --clients 8 32 --rounds 5 --max-tokens 64
     python benchmarks/bench_serving.py --stock --stream yes --clients 32
+    python benchmarks/bench_serving.py --both-stock --stream yes --clients 32   # the check
     python benchmarks/bench_serving.py --route chat --n 2 --clients 8 --rounds 9
     python benchmarks/bench_serving.py --hand-off    # no server: the per-token path alone
     python benchmarks/bench_serving.py --hand-off --against /tmp/old   # and a worktree's
@@ -237,16 +243,18 @@ async def run(servers: dict, model, levels, rounds, max_tokens, streams,
                         per_round[arm].append(got)
                 row = {"route": route, "n": n, "stream": stream, "clients": clients,
                        "rounds": rounds,
-                       "mean support": round(statistics.mean(sizes), 1),
+                       "mean support": round(statistics.mean(sizes), 1) if sizes else None,
                        "mask bytes/step (host form)":
-                           round(4 * statistics.mean(sizes) * clients + 20 * clients)}
+                           round(4 * statistics.mean(sizes) * clients + 20 * clients)
+                           if sizes else None}
                 for arm in arms:
                     t = totals[arm]
                     row[f"{arm} tok/s"] = round(t["tokens"] / t["wall"], 1)
                     row[f"{arm} api us/tok"] = round(t["api"] / t["tokens"] * 1e6, 1)
                     row[f"{arm} engine us/tok"] = round(t["engine"] / t["tokens"] * 1e6, 1)
                 compared = [(arm, base_arm) for base_arm in ("off", "stock") if base_arm in arms
-                            for arm in ("lists", "packed", "off") if arm != base_arm]
+                            for arm in ("lists", "packed", "off")
+                            if arm != base_arm and arm in arms]
                 for arm, base_arm in compared:
                     ratios = [(a["tokens"] / a["wall"]) / (b["tokens"] / b["wall"])
                               for a, b in zip(per_round[arm], per_round[base_arm])]
@@ -385,6 +393,13 @@ def main() -> None:
                     help="streamed requests, non-streamed ones, or both (default)")
     ap.add_argument("--stock", action="store_true",
                     help="also a server without --return-sampling-mask (the stock arm)")
+    ap.add_argument("--both-stock", action="store_true",
+                    help="the check of the two-server comparison: the first server is "
+                         "started without --return-sampling-mask too, and only the off "
+                         "arm is sent to it (against --stock's server)")
+    ap.add_argument("--stock-first", action="store_true",
+                    help="with --stock: start the stock server before the mask server "
+                         "(the default starts the mask server first)")
     ap.add_argument("--upstream-poll", action="store_true",
                     help="leave the engines' idle polling at upstream's 1 s and start each "
                          "round without waiting for quiet (Settle, idle_poll.py)")
@@ -407,6 +422,8 @@ def main() -> None:
         print(json.dumps(hand_off()))
         return
     streams = {"both": (True, False), "yes": (True,), "no": (False,)}[args.stream]
+    if args.both_stock:
+        args.stock = True
 
     import psutil
 
@@ -420,7 +437,8 @@ def main() -> None:
         env[idle_poll.ENV] = str(IDLE_POLL_S)
     servers, apis = {}, []
     with contextlib.ExitStack() as stack:
-        for name, mask in (("mask", True), ("stock", False))[:1 + args.stock]:
+        order = (("mask", not args.both_stock), ("stock", False))[:1 + args.stock]
+        for name, mask in (order[::-1] if args.stock_first else order):
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
@@ -430,8 +448,9 @@ def main() -> None:
                 env=env))
             pids = [proc.pid] + descendants(proc.pid)
             apis.append(psutil.Process(proc.pid))
-            for arm in (ARMS if mask else ("stock",)):
+            for arm in (ARMS if mask else ("off",) if name == "mask" else ("stock",)):
                 servers[arm] = (base, pids)
+        servers = {arm: servers[arm] for arm in (*ARMS, "stock") if arm in servers}
         pinned = None if args.no_pin else pin_beside_workers(apis)
         print(f"API servers, engine cores and this process bound to CPUs {pinned}"
               if pinned else "API servers, engine cores and this process not bound",
@@ -447,6 +466,9 @@ def main() -> None:
                        "idle_poll_s": None if args.upstream_poll else IDLE_POLL_S,
                        "settle": None if settle is None else settle.report(),
                        "pinned_to": pinned,
+                       "started_first": "stock" if args.stock and args.stock_first
+                       else "mask",
+                       "both_stock": args.both_stock,
                        "load_before": load_before, "load_after": os.getloadavg(),
                        "route": args.route, "n": args.n, "max_tokens": args.max_tokens,
                        "rows": rows}, f, indent=1)

@@ -30,6 +30,9 @@ The protocol the step-cost goal is judged by (docs/sampling_mask.md, "Cost"):
   leaves them as before 2026-12-05; `--on-first` starts the mask-on engine first
   (the engines are otherwise started off, then on), the check that the order the
   engines started in does not make the figure;
+- `--unasked`: the mask-on engine's requests say `return_sampling_mask: false`, so
+  the ratio is what serving a request that asks for no mask costs on an engine
+  started with the flag (a server's "off" arm in `bench_serving.py`);
 - one more point per batch on the mask-on engine: requests asking for support
   logprobs vs mask only (the same alternating pairs);
 - the machine's load average before and after, and the release;
@@ -49,6 +52,7 @@ The protocol the step-cost goal is judged by (docs/sampling_mask.md, "Cost"):
     python benchmarks/bench_step_cost.py
     python benchmarks/bench_step_cost.py --models demo --batches 32 --pairs 9
     python benchmarks/bench_step_cost.py --models demo --batches 32 --both-off   # the check
+    python benchmarks/bench_step_cost.py --models demo --batches 32 --unasked
     python benchmarks/bench_step_cost.py --json docs/step_cost_0.32.0.json
     python benchmarks/bench_step_cost.py --models demo --speculative draft_model --goal 0.95
     python benchmarks/bench_step_cost.py --models demo --batches 8 --cpu --no-support
@@ -239,7 +243,7 @@ def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal:
             speculative: dict | None = None, cpu: bool = False,
             timers: str | None = None, settle: bool = True,
             arm_seconds: float = ARM_SECONDS, pin: bool = True,
-            on_first: bool = False) -> list[dict]:
+            on_first: bool = False, unasked: bool = False) -> list[dict]:
     common = dict(model=model, dtype="float32", max_model_len=512, enforce_eager=True,
                   seed=0, logprobs_mode="processed_logprobs",
                   kv_cache_memory_bytes=1 << 30, max_num_seqs=max(batches),
@@ -256,14 +260,17 @@ def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal:
     for batch in batches:
         quiet = Settle(off_procs + on_procs) if settle else None
         prompts, params = workload(batch, max_tokens)
+        # `unasked`: the mask engine serves requests that say return_sampling_mask false
+        on_params = workload(batch, max_tokens, {"return_sampling_mask": False})[1] \
+            if unasked else params
         _, with_logprobs = workload(batch, max_tokens,
                                     {"return_sampling_mask_logprobs": True})
         for llm in (off, on):                     # warm-up at this batch size
             llm.generate(prompts, params, use_tqdm=False)
         call_s = statistics.fmean(timed(llm, prompts, params, settle=quiet) for llm in (off, on))
         calls = max(1, round(arm_seconds / call_s))
-        outs = on.generate(prompts[:1], params[:1], use_tqdm=False)
-        assert (outs[0].outputs[0].sampling_mask is None) == both_off
+        outs = on.generate(prompts[:1], on_params[:1], use_tqdm=False)
+        assert (outs[0].outputs[0].sampling_mask is None) == (both_off or unasked)
         before = [acceptance(llm) for llm in (off, on)] if speculative else None
         probes = (CpuProbe(off_procs), CpuProbe(on_procs)) if cpu else (None, None)
         client = {"off": {}, "on": {}} if timers else {"off": None, "on": None}
@@ -273,10 +280,10 @@ def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal:
                       for arm in procs}
         times = ([], [])
         mask = pairs(lambda: timed(off, prompts, params, probes[0], client["off"], quiet),
-                     lambda: timed(on, prompts, params, probes[1], client["on"], quiet),
+                     lambda: timed(on, prompts, on_params, probes[1], client["on"], quiet),
                      n_pairs, calls, times)
         row = {"batch": batch, "calls_per_arm": calls, "pinned_to": pinned,
-               "started_first": "on" if on_first else "off",
+               "started_first": "on" if on_first else "off", "unasked": unasked,
                "mask_on_vs_off": verdict(mask, goal, max_iqr),
                "calls": {"off": spread(times[0]), "on": spread(times[1])}}
         if cpu:   # the prefill gives the first token, each further step one more
@@ -287,7 +294,7 @@ def measure(model: str, batches: list[int], n_pairs: int, max_tokens: int, goal:
             for name, llm, (accepted, drafted) in zip(("off", "on"), (off, on), before):
                 now = acceptance(llm)
                 row[f"acceptance_{name}"] = (now[0] - accepted) / max(now[1] - drafted, 1)
-        if support and not both_off:
+        if support and not (both_off or unasked):
             row["support_logprobs_vs_mask_only"] = verdict(
                 pairs(lambda: timed(on, prompts, params, settle=quiet),
                       lambda: timed(on, prompts, with_logprobs, settle=quiet), n_pairs,
@@ -316,6 +323,10 @@ def main() -> None:
     ap.add_argument("--both-off", action="store_true",
                     help="the protocol's check: both engines with the mask off (the "
                          "ratio the order alone gives)")
+    ap.add_argument("--unasked", action="store_true",
+                    help="the mask engine's requests say return_sampling_mask false: what "
+                         "a request that asks for no mask costs on an engine started "
+                         "with the flag (no support-logprobs pairs)")
     ap.add_argument("--speculative", choices=["ngram", "draft_model"], default=None,
                     help="both engines with speculative decoding (3 draft positions)")
     ap.add_argument("--cpu", action="store_true",
@@ -373,7 +384,8 @@ def main() -> None:
             path, args.batches, args.pairs, args.max_tokens, args.goal, args.max_iqr,
             not args.no_support, args.both_off,
             speculative_config(args.speculative, path, workdir), args.cpu, timers,
-            not args.no_settle, args.arm_seconds, not args.no_pin, args.on_first)
+            not args.no_settle, args.arm_seconds, not args.no_pin, args.on_first,
+            args.unasked)
     report["load_after"] = os.getloadavg()
     print(f"\nV1 runner, vLLM {vllm.__version__}, {args.max_tokens} tokens, top_k 50, "
           f"top_p 0.95, speculative decoding {args.speculative or 'off'}, "

@@ -196,6 +196,35 @@ def _mask_work(worker):
     return state.extractions, state.extracted_rows, state.idle_rows
 
 
+def _steps_without_masks(worker):
+    return worker.model_runner.sampling_mask.steps_without_masks
+
+
+@pytest.mark.parametrize("llm", ["v1"], indirect=True)
+def test_a_batch_that_wants_no_mask_carries_none_and_a_masked_one_after_it_is_exact(
+        llm, tokenizer):
+    """A V1 step in which no row wants a mask carries `NO_MASKS` (no extraction, no
+    empty block through the hops); the requests are served as without the flag.
+    A batch that mixes masked requests in afterwards extracts again, exactly."""
+    base = dict(max_tokens=8, ignore_eos=True, seed=11)
+    unasked = [SamplingParams(temperature=1.0, top_k=20, extra_args=_ask(False), **base),
+               SamplingParams(temperature=0.0, **base),
+               SamplingParams(temperature=1.0, **base)]
+    (work,), (without,) = llm.collective_rpc(_mask_work), llm.collective_rpc(
+        _steps_without_masks)
+    outs = [o.outputs[0] for o in llm.generate(PROMPTS[:3], unasked)]
+    assert all(c.sampling_mask is None and len(c.token_ids) == 8 for c in outs)
+    assert llm.collective_rpc(_mask_work)[0] == work        # nothing extracted
+    assert llm.collective_rpc(_steps_without_masks)[0] - without >= 8
+    alone = llm.generate([PROMPTS[1]], unasked[1])[0].outputs[0]
+    assert alone.token_ids == outs[1].token_ids               # greedy stays greedy
+    mixed = [o.outputs[0] for o in llm.generate(
+        PROMPTS[:2], [unasked[0], SamplingParams(temperature=1.0, top_k=20, **base)])]
+    assert mixed[0].sampling_mask is None
+    check_alignment(mixed[1], len(tokenizer))
+    assert llm.collective_rpc(_mask_work)[0][1] - work[1] == 8   # the masked row's tokens
+
+
 def test_partial_prefill_rows_are_not_extracted(llm, tokenizer, hf_model):
     """Prompts longer than the 64-token budget are prefilled in chunks; the row of a
     partial chunk samples nothing (its draw is discarded), so it is not extracted:

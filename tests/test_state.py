@@ -124,6 +124,29 @@ def test_a_swap_between_two_steady_steps_is_planned_afresh():
     assert second.rows.tolist() == [1] and second.top_k.tolist() == [5]
 
 
+def test_a_plan_masks_nothing_only_with_no_row_extracted_none_idle_outside_profiling():
+    none = np.zeros(3, dtype=bool)
+    top_k = np.full(3, 20)
+    assert plans.plan(none, none, top_k).masks_nothing
+    assert plans.plan(none, none, top_k, np.array([True, False, False])).masks_nothing
+    assert not plans.plan(np.array([False, True, False]), none, top_k).masks_nothing
+    # a row that wants a mask but whose sample is discarded is idle: still a mask
+    idle = plans.plan(np.array([True, False, False]), none, top_k,
+                      np.array([True, False, False]))
+    assert idle.n_rows == 0 and not idle.masks_nothing
+    assert not plans.worst_case(3).masks_nothing
+
+
+def test_a_step_without_masks_is_one_object_that_pickles_by_name():
+    import pickle
+
+    from vllm_sampling_mask.transport import NO_MASKS
+
+    wire = pickle.dumps(NO_MASKS)
+    assert pickle.loads(wire) is NO_MASKS and len(wire) < 64
+    assert NO_MASKS.result(np.ones(4)) is NO_MASKS      # in a copy's place: nothing to copy
+
+
 def test_a_request_without_the_decision_wants_no_mask():
     state = MaskRequests(4)
     state.add(1, Params(None))

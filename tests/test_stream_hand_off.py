@@ -142,6 +142,14 @@ def request(asked=None, packed=False, logprobs=None):
                            return_sampling_mask_logprobs=logprobs)
 
 
+OTHER_SHAPES = {
+    "two choices": {**HEAD, "choices": [{"index": 0, "text": "a"}, {"index": 1, "text": "b"}]},
+    "tool call": {**HEAD, "object": "chat.completion.chunk",
+                  "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "t"}]}}]},
+    "usage": {**HEAD, "choices": [], "usage": {"prompt_tokens": 3}},
+}
+
+
 def test_a_request_that_said_false_is_handed_on_untouched():
     masks = StreamMasks.of(request(asked=False))
     results = object()
@@ -149,6 +157,21 @@ def test_a_request_that_said_false_is_handed_on_untouched():
     chunk = ONE_CHOICE["completions"]
     assert asyncio.run(run(masks, [[completion()]], [chunk])) == \
         [with_fields(chunk, _NO_MASK)]
+
+
+@pytest.mark.parametrize("shape", [*ONE_CHOICE, *OTHER_SHAPES])
+def test_a_request_that_said_false_gets_null_in_every_choice_of_every_chunk(shape):
+    """Its one-choice chunks take the unasked path (null written without reading the
+    index); whatever the shape, every choice reads null, as the general path writes
+    it for a stream that got no mask."""
+    chunk = {**ONE_CHOICE, **OTHER_SHAPES}[shape]
+    said_false = StreamMasks.of(request(asked=False))
+    general = StreamMasks.of(request(asked=None))
+    text = event(chunk)
+    got = said_false._with_masks(text)
+    assert got == general._with_masks(text)
+    assert parsed(got) == with_fields(chunk, _NO_MASK)
+    assert said_false._with_masks("data: [DONE]\n\n") == "data: [DONE]\n\n"
 
 
 @pytest.mark.parametrize("packed", [False, True])

@@ -300,7 +300,8 @@ class StreamMasks:
     some routes, n > 1's) gets those fields written into upstream's text
     (`_with_fields`); any other is parsed and written again. A request that said
     `return_sampling_mask: false` (`asked`) carries no mask and loses none, so
-    `watch` hands its results on untouched.
+    `watch` hands its results on untouched and each one-choice chunk gets its
+    null without its index being read.
     """
 
     def __init__(self, choice_index: Callable[[int, object], int] | None = None,
@@ -368,6 +369,11 @@ class StreamMasks:
             await events.aclose()
 
     def _with_masks(self, event: str) -> str:
+        if self._unasked and event.count(_CHOICE) == 1:
+            # no mask can come: the one choice gets null, where upstream wrote it
+            written = event.replace(_CHOICES_HEAD, _CHOICES_HEAD_NO_MASK, 1)
+            if len(written) != len(event):
+                return written
         index = _single_choice_index(event)
         if index is not None:
             return _with_fields(event, self._fields(index))
@@ -454,6 +460,9 @@ _CHOICE = '{"index":'
 _FIRST_CHOICE = re.compile(r'"choices":\[\{"index":(\d+)[,}]')
 # the fields of a chunk choice without a mask, as text
 _NO_MASK_TEXT = '"sampling_mask":null'
+# where a chunk's first choice starts, and the same with those fields in front
+_CHOICES_HEAD = '"choices":[{"index":'
+_CHOICES_HEAD_NO_MASK = '"choices":[{' + _NO_MASK_TEXT + ',"index":'
 
 
 def _single_choice_index(event: str) -> int | None:
@@ -470,7 +479,7 @@ def _single_choice_index(event: str) -> int | None:
 def _with_fields(event: str, fields: str) -> str:
     """`event`, a chunk of one choice (`_single_choice_index`), with `fields` (JSON
     object members) written into that choice's text as its first keys."""
-    return event.replace('"choices":[{"index":', '"choices":[{' + fields + ',"index":', 1)
+    return event.replace(_CHOICES_HEAD, '"choices":[{' + fields + ',"index":', 1)
 
 
 def _event_json(event: str) -> dict | None:

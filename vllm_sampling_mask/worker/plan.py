@@ -40,6 +40,12 @@ class StepPlan:
     def n_rows(self) -> int:
         return self.batch_rows if self.rows is None else len(self.rows)
 
+    @property
+    def masks_nothing(self) -> bool:
+        """No row is extracted and none is idle, outside the profiling run: the
+        step has no mask to carry (`transport.NO_MASKS`)."""
+        return self.n_rows == 0 and not len(self.idle) and not self.worst_case
+
     @cached_property
     def capture_rows(self) -> np.ndarray:
         """The batch rows whose scaled distribution must be recorded (they asked)."""

@@ -21,8 +21,10 @@ small object or field:
   serving;
 - the work counters the state route reports (`extractions`: served steps that
   extracted rows; `extracted_rows`; `idle_rows`: rows that wanted a mask but
-  whose sample the runner discards; the profiling run aside. Under tensor
-  parallelism only the output rank has a state and extracts).
+  whose sample the runner discards; `steps_without_masks`: V1 steps in which no
+  row wanted a mask, which carried `transport.NO_MASKS`; the profiling run
+  aside. Under tensor parallelism only the output rank has a state and
+  extracts).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class SamplingMaskState:
         self.extractions = 0
         self.extracted_rows = 0
         self.idle_rows = 0
+        self.steps_without_masks = 0
 
     # -- the step ---------------------------------------------------------
 

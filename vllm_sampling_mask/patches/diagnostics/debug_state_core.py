@@ -48,7 +48,8 @@ def _work(runner) -> dict:
     state = runner.sampling_mask
     return None if state is None else {"extractions": state.extractions,
                                        "extracted_rows": state.extracted_rows,
-                                       "idle_rows": state.idle_rows}
+                                       "idle_rows": state.idle_rows,
+                                       "steps_without_masks": state.steps_without_masks}
 
 
 def _pending(runner) -> int:

@@ -1,7 +1,8 @@
 """`ModelRunnerOutput.sampling_mask_step`: the runner-to-scheduler hop.
 
 What: in `vllm/v1/outputs.py`, adds the dataclass field
-    `ModelRunnerOutput.sampling_mask_step: StepMasks | None = None` (in every
+    `ModelRunnerOutput.sampling_mask_step: StepMasks | StepWithoutMasks | None =
+    None` (in every
     process that imports it: the worker fills it in `async_output` or
     `runner_v1`, the scheduler reads it).
 Why: a declared field pickles with the output and reads back as None only
@@ -13,8 +14,9 @@ Remove when: upstream's `ModelRunnerOutput` mask (vLLM #49577, since 0.28, Model
 
 from vllm_sampling_mask.patches._dataclass import add_field
 from vllm_sampling_mask.releases import Release
-from vllm_sampling_mask.transport import StepMasks
+from vllm_sampling_mask.transport import StepMasks, StepWithoutMasks
 
 
 def apply(module, release: Release) -> None:
-    add_field(module.ModelRunnerOutput, "sampling_mask_step", StepMasks | None, None)
+    add_field(module.ModelRunnerOutput, "sampling_mask_step",
+              StepMasks | StepWithoutMasks | None, None)

@@ -22,6 +22,9 @@ What: declares `GPUModelRunner.sampling_mask` (None with the flag off) and
       `_prepare_inputs` filled for this step: partial prefill chunks, left out
       of the extraction), all host arrays (no device sync, no loop over rows).
       The sampler (`sampler_v1`, reached through `_sample`) extracts into it.
+      A step in which no row wants a mask (`StepPlan.masks_nothing`) opens no
+      step: the sampler runs as upstream's and the output carries
+      `transport.NO_MASKS` (on the asynchronous path, in the copy's place).
       Once the call returned, on the synchronous path it decodes the step's
       mask into the declared field `ModelRunnerOutput.sampling_mask_step`; on
       the asynchronous path (CUDA's default) it starts a `transport.MaskCopy`
@@ -48,7 +51,7 @@ from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.patches._runner import mask_state_for
 from vllm_sampling_mask.patches._wrap import wraps
 from vllm_sampling_mask.releases import Release
-from vllm_sampling_mask.transport import MaskCopy
+from vllm_sampling_mask.transport import NO_MASKS, MaskCopy, StepWithoutMasks
 from vllm_sampling_mask.worker.state import SamplingMaskState
 
 
@@ -75,7 +78,7 @@ def apply(module, release: Release) -> None:
     Runner = module.GPUModelRunner
     AsyncOutput = module.AsyncGPUModelRunnerOutput
     Runner.sampling_mask: SamplingMaskState | None = None
-    AsyncOutput.sampling_mask_copy: MaskCopy | None = None
+    AsyncOutput.sampling_mask_copy: MaskCopy | StepWithoutMasks | None = None
 
     @wraps(module, "GPUModelRunner.__init__")
     def __init__(wrapped, self, args, kwargs):
@@ -101,6 +104,16 @@ def apply(module, release: Release) -> None:
         rows = self.input_batch.num_reqs
         plan = state.plan(slice(0, rows), self.input_batch.top_k_cpu[:rows],
                           self.discard_request_mask.np[:rows])
+        if plan.masks_nothing and not state.worst_case:
+            # no request of the batch wants a mask: the sampler runs as upstream's
+            # (no step is open) and the step carries NO_MASKS
+            out = wrapped(*args, **kwargs)
+            state.steps_without_masks += out is not None
+            if isinstance(out, ModelRunnerOutput):
+                out.sampling_mask_step = NO_MASKS
+            elif isinstance(out, AsyncOutput):
+                out.sampling_mask_copy = NO_MASKS
+            return out
         with state.step(plan) as step:
             out = wrapped(*args, **kwargs)
         if step.mask is None:   # nothing sampled; a step with tokens but no mask

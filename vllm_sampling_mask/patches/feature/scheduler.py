@@ -22,7 +22,9 @@ What: in `vllm/v1/core/sched/scheduler.py`, makes the scheduler build
     ones) is never ended by the mask path: the same problem
     keeps its token and sets `sampling_mask_reason` instead, and the output
     processor serves that token and every later one without a mask. A step with tokens but no
-    `ModelRunnerOutput.sampling_mask_step` raises `MissingSamplingMaskError`.
+    `ModelRunnerOutput.sampling_mask_step` raises `MissingSamplingMaskError`; a
+    step the worker marked `transport.NO_MASKS` (no row wanted a mask) is
+    upstream's alone.
 Why: the scheduler is where per-step runner rows become per-request outputs;
     slicing after upstream keeps the mask aligned with `new_token_ids` by
     construction, and it can finish a single request cleanly. A request that
@@ -41,6 +43,7 @@ from vllm_sampling_mask.config import mask_enabled
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.releases import Release
+from vllm_sampling_mask.transport import NO_MASKS
 from vllm_sampling_mask.validation import dropped_reason, mask_is_optional
 from vllm_sampling_mask.wire import MaskedEngineCoreOutput
 
@@ -71,6 +74,8 @@ def apply(module, release: Release) -> None:
         if not mask_enabled(self.vllm_config):
             return wrapped(*args, **kwargs)
         model_runner_output = argument(wrapped, args, kwargs, "model_runner_output")
+        if model_runner_output.sampling_mask_step is NO_MASKS:
+            return wrapped(*args, **kwargs)   # no row of the step wanted a mask
         # the requests as they were before upstream frees the ones this step finishes
         # (a copy made in C; looked up only for a request whose step has a problem)
         requests = dict(self.requests)
