@@ -200,11 +200,11 @@ def _steps_without_masks(worker):
     return worker.model_runner.sampling_mask.steps_without_masks
 
 
-@pytest.mark.parametrize("llm", ["v1"], indirect=True)
 def test_a_batch_that_wants_no_mask_carries_none_and_a_masked_one_after_it_is_exact(
         llm, tokenizer):
-    """A V1 step in which no row wants a mask carries `NO_MASKS` (no extraction, no
-    empty block through the hops); the requests are served as without the flag.
+    """A step in which no row wants a mask carries `NO_MASKS` (no copy, decode or
+    empty block through the hops; on V1 no extraction either); the requests are
+    served as without the flag.
     A batch that mixes masked requests in afterwards extracts again, exactly."""
     base = dict(max_tokens=8, ignore_eos=True, seed=11)
     unasked = [SamplingParams(temperature=1.0, top_k=20, extra_args=_ask(False), **base),

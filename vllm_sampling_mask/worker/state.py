@@ -21,7 +21,7 @@ small object or field:
   serving;
 - the work counters the state route reports (`extractions`: served steps that
   extracted rows; `extracted_rows`; `idle_rows`: rows that wanted a mask but
-  whose sample the runner discards; `steps_without_masks`: V1 steps in which no
+  whose sample the runner discards; `steps_without_masks`: steps in which no
   row wanted a mask, which carried `transport.NO_MASKS`; the profiling run
   aside. Under tensor parallelism only the output rank has a state and
   extracts).

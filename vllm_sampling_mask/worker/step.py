@@ -11,7 +11,8 @@ path's adapters fill it in order while the call runs, each stage once:
     capture     made from the plan, handed by the sampler adapter to the call
                 holding the scaled logits (rows that asked for support logprobs)
     mask        the extraction over the processed logits (`SamplingMaskState.extract`)
-    copy        the device-to-host copy the runner adapter starts
+    copy        the device-to-host copy the runner adapter starts (`NO_MASKS`
+                where the plan masks nothing: nothing to copy)
 
 No capture, mask or copy outlives the step: a stage that finds the one before it missing raises
 `MissingSamplingMaskError` naming its hop.
@@ -23,7 +24,7 @@ from collections.abc import Callable
 
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.extraction import DeviceMask
-from vllm_sampling_mask.transport import MaskCopy
+from vllm_sampling_mask.transport import MaskCopy, StepWithoutMasks
 from vllm_sampling_mask.worker import plan as plans
 from vllm_sampling_mask.worker.capture import ScaledCapture
 from vllm_sampling_mask.worker.plan import StepPlan
@@ -44,7 +45,7 @@ class MaskStep:
         self.plan = plan
         self.capture: ScaledCapture | None = None
         self.mask: DeviceMask | None = None
-        self.copy: MaskCopy | None = None
+        self.copy: MaskCopy | StepWithoutMasks | None = None
 
     def set_plan(self, hop: str, plan: StepPlan) -> None:
         if self.plan is not None:

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from vllm_sampling_mask.patches._wrap import wraps
 from vllm_sampling_mask.releases import Release
-from vllm_sampling_mask.transport import MaskCopy
+from vllm_sampling_mask.transport import MaskCopy, StepWithoutMasks
 
 
 def apply(module, release: Release) -> None:
-    module.AsyncOutput.sampling_mask_copy: MaskCopy | None = None
+    module.AsyncOutput.sampling_mask_copy: MaskCopy | StepWithoutMasks | None = None
 
     @wraps(module, "AsyncOutput.get_output")
     def get_output(wrapped, self, args, kwargs):

@@ -25,7 +25,9 @@ What: wraps, in `vllm/v1/worker/gpu/model_runner.py` (the CPU runner inherits
       starts its `transport.MaskCopy` on the output copy stream (after the main
       stream, into the state's pinned pool on CUDA) into the step. Upstream's
       copy event, recorded on that stream by the `AsyncOutput` built next,
-      covers it; the copy holds the device block until it is read.
+      covers it; the copy holds the device block until it is read. A step
+      whose plan masks nothing (`StepPlan.masks_nothing`) starts no copy: it
+      hands on `transport.NO_MASKS`, which the scheduler passes to upstream.
 Why: the flag is configuration; passing it explicitly where the sampler is
     built (instead of the sampler reading ambient config) means a sampler that
     never got it cannot silently return no mask, and one state object per
@@ -42,7 +44,7 @@ from vllm_sampling_mask.patches._runner import mask_state_for
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.releases import Release
-from vllm_sampling_mask.transport import MaskCopy
+from vllm_sampling_mask.transport import NO_MASKS, MaskCopy
 from vllm_sampling_mask.worker.state import SamplingMaskState
 
 
@@ -91,6 +93,10 @@ def apply(module, release: Release) -> None:
         step = None if self.sampling_mask is None else self.sampling_mask.open
         if step is not None:
             mask = step.result("GPUModelRunner.sample")
+            if step.plan.masks_nothing:   # no row wanted a mask: nothing to copy
+                step.copy = NO_MASKS
+                self.sampling_mask.steps_without_masks += 1
+                return result
             main, copy_stream = self.main_stream, self.output_copy_stream
             with async_utils.stream(copy_stream, main):
                 copy_stream.wait_stream(main)
