@@ -218,8 +218,6 @@ class StepMasks:
         return WireRows(self) if wire is None else wire
 
 
-# the arrays of `StepMasks` a `WireRows` holds, by name, with their dtypes (as
-# lists of Python values, or as little-endian bytes)
 class StepWithoutMasks:
     """A step in which no row has a mask: no request of the batch wants one and
     none waits on a partial prefill (`StepPlan.masks_nothing`). One instance,
@@ -246,6 +244,8 @@ class StepWithoutMasks:
 NO_MASKS = StepWithoutMasks()
 
 
+# the arrays of `StepMasks` a `WireRows` holds, by name, with their dtypes (as
+# lists of Python values, or as little-endian bytes)
 _WIRE_ARRAYS = {"row_of": "i8", "counts": "<i4", "ids": "<i4", "offsets": "i8",
                 "asked_rows": "?", "logprobs": "<f4", "log_kept": "<f4", "drawn": "i8"}
 

@@ -2,9 +2,9 @@
 
 What: in `vllm/v1/outputs.py`, adds the dataclass field
     `ModelRunnerOutput.sampling_mask_step: StepMasks | StepWithoutMasks | None =
-    None` (in every
-    process that imports it: the worker fills it in `async_output` or
-    `runner_v1`, the scheduler reads it).
+    None` (in every process that imports it: the worker fills it in
+    `async_output` or `runner_v1`, `transport.NO_MASKS` for a step in which no
+    row wanted a mask; the scheduler reads it).
 Why: a declared field pickles with the output and reads back as None only
     when the producer really wrote nothing, which the scheduler then refuses.
 Remove when: upstream's `ModelRunnerOutput` mask (vLLM #49577, since 0.28, Model
