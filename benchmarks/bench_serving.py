@@ -422,8 +422,12 @@ def main() -> None:
         print(json.dumps(hand_off()))
         return
     streams = {"both": (True, False), "yes": (True,), "no": (False,)}[args.stream]
-    if args.both_stock:
-        args.stock = True
+    # (name, started with the flag, the arms sent to it), in the order started
+    started = [("mask", True, ARMS)] if not args.both_stock else [("mask", False, ("off",))]
+    if args.stock or args.both_stock:
+        started.append(("stock", False, ("stock",)))
+    if args.stock_first:
+        started.reverse()
 
     import psutil
 
@@ -437,8 +441,7 @@ def main() -> None:
         env[idle_poll.ENV] = str(IDLE_POLL_S)
     servers, apis = {}, []
     with contextlib.ExitStack() as stack:
-        order = (("mask", not args.both_stock), ("stock", False))[:1 + args.stock]
-        for name, mask in (order[::-1] if args.stock_first else order):
+        for name, mask, arms in started:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
@@ -448,7 +451,7 @@ def main() -> None:
                 env=env))
             pids = [proc.pid] + descendants(proc.pid)
             apis.append(psutil.Process(proc.pid))
-            for arm in (ARMS if mask else ("off",) if name == "mask" else ("stock",)):
+            for arm in arms:
                 servers[arm] = (base, pids)
         servers = {arm: servers[arm] for arm in (*ARMS, "stock") if arm in servers}
         pinned = None if args.no_pin else pin_beside_workers(apis)
@@ -466,8 +469,7 @@ def main() -> None:
                        "idle_poll_s": None if args.upstream_poll else IDLE_POLL_S,
                        "settle": None if settle is None else settle.report(),
                        "pinned_to": pinned,
-                       "started_first": "stock" if args.stock and args.stock_first
-                       else "mask",
+                       "started_first": started[0][0],
                        "both_stock": args.both_stock,
                        "load_before": load_before, "load_after": os.getloadavg(),
                        "route": args.route, "n": args.n, "max_tokens": args.max_tokens,

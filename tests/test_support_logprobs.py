@@ -268,7 +268,7 @@ def test_a_large_host_batchs_scaled_top_is_taken_in_blocks_and_matches_float64(r
 def test_a_whole_row_keeps_log_s_zero_at_a_large_vocabulary_on_the_host():
     """At V = 151,936 the scaled top is the blocked one and the processed
     logprobs the sampler's fused `log_softmax`: the two round differently, yet a
-    row nothing filtered has log S = 0 exactly (`whole_rows_kept`), a truncated
+    row nothing filtered has log S = 0 exactly (`log_kept_of`), a truncated
     row its float64 reference, and a row whose scaled logits hold a NaN stays NaN
     and describes no draw."""
     from vllm_sampling_mask.extraction import extract_on_host

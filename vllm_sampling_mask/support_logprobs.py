@@ -48,7 +48,7 @@ import torch
 from vllm_sampling_mask.extraction import DeviceMask, host_index
 
 __all__ = ["DeviceSupportLogprobs", "gather_support_logprobs", "align_row",
-           "scaled_top_logprob", "whole_rows_kept"]
+           "scaled_top_logprob", "log_kept_of"]
 
 
 @dataclass
@@ -105,14 +105,17 @@ def _blocked_top_logprob(rows: torch.Tensor) -> torch.Tensor:
     return sums.log_().neg_()
 
 
-def whole_rows_kept(log_kept, counts, vocab: int):
-    """log S with 0 exactly in the rows whose support is the whole vocabulary
-    (nothing was filtered: S = 1), whatever rounding the two top logprobs it
-    was taken from carry; a NaN stays NaN (that row describes no draw). numpy
-    or torch, as given."""
-    if isinstance(log_kept, torch.Tensor):
+def log_kept_of(top_difference, counts, vocab: int):
+    """log S from each row's scaled top logprob less its processed top logprob:
+    at most 0 (a rounding above it is 0), and 0 exactly in the rows whose
+    support is the whole vocabulary (nothing was filtered: S = 1), whatever
+    rounding the two tops carry; a NaN stays NaN (that row describes no draw).
+    numpy or torch, as given."""
+    if isinstance(top_difference, torch.Tensor):
+        log_kept = torch.clamp(top_difference, max=0.0)
         whole = (counts == vocab) & ~torch.isnan(log_kept)
         return torch.where(whole, torch.zeros_like(log_kept), log_kept)
+    log_kept = np.minimum(top_difference, np.float32(0.0))
     whole = (np.asarray(counts) == vocab) & ~np.isnan(log_kept)
     return np.where(whole, np.float32(0.0), log_kept)
 
@@ -130,7 +133,7 @@ def scaled_top_logprob(scaled_logits: torch.Tensor, rows: np.ndarray) -> torch.T
     on a CPU host at the demo's 8 x 4,096 (`benchmarks/bench_host_step.py`); past
     `_BLOCK_LOGITS` logits of CPU float32, a block of rows at a time
     (`_blocked_top_logprob`). A row nothing filtered gets log S = 0 exactly
-    where it is taken (`whole_rows_kept`). No operation writes the logits."""
+    where it is taken (`log_kept_of`). No operation writes the logits."""
     batch = scaled_logits.shape[0]
     out = torch.zeros(batch, dtype=torch.float32, device=scaled_logits.device)
     if len(rows):
@@ -210,9 +213,8 @@ def gather_support_logprobs(processed_logprobs: torch.Tensor,
 
     # log S over the support (the finite processed entries: exactly the mask)
     if scaled_logits is None:
-        log_kept = scaled_top.index_select(0, source).float() - processed_top
-        log_kept = whole_rows_kept(torch.clamp(log_kept, max=0.0),
-                                   meta[:, 0], vocab)
+        log_kept = log_kept_of(scaled_top.index_select(0, source).float() - processed_top,
+                               meta[:, 0], vocab)
     else:
         scaled = scaled_logits.index_select(0, source).float()
         top = scaled.amax(dim=1, keepdim=True)
@@ -252,9 +254,8 @@ def _gather_on_host(processed: np.ndarray, mask: DeviceMask, block_rows: np.ndar
     valid = row_ids >= 0
     values = np.take_along_axis(rows, np.where(valid, row_ids, 0), axis=1)
     values[~valid] = np.nan
-    log_kept = whole_rows_kept(np.minimum(scaled_top.numpy()[source] - rows.max(axis=1),
-                                          np.float32(0.0)),
-                               meta[block_rows, 0], layout.vocab_size)
+    log_kept = log_kept_of(scaled_top.numpy()[source] - rows.max(axis=1),
+                           meta[block_rows, 0], layout.vocab_size)
     if layout.slots:
         # each slot has at most one owner; a slot nobody asked for holds another
         # row's values, never read (only asked wide rows are aligned)
@@ -307,9 +308,8 @@ def on_host(mask: DeviceMask, asked: np.ndarray, scaled_top: torch.Tensor,
         else:           # processed logprobs: log p_max is the row's largest
             logprobs[picked] = host.values[picked]
             top = rows.max(axis=1)
-        log_kept[block_rows] = whole_rows_kept(
-            np.minimum(scaled_top.numpy()[source] - top, np.float32(0.0)),
-            host.counts[block_rows], x.shape[1])
+        log_kept[block_rows] = log_kept_of(scaled_top.numpy()[source] - top,
+                                           host.counts[block_rows], x.shape[1])
     host.asked, host.logprobs, host.log_kept = asked, logprobs, log_kept
     if host.drawn is not None:   # NaN support logprobs describe no draw
         bad = asked & np.isnan(log_kept)
@@ -326,8 +326,7 @@ def _every_row_on_host(host, asked: np.ndarray, x: np.ndarray,
     logprobs as they are (finite by construction: the ids are the finite
     entries), and log S needs one `max` per row; none of the per-id bookkeeping
     a subset needs (a few microseconds each on a loaded host)."""
-    log_kept = whole_rows_kept(np.minimum(scaled_top.numpy() - x.max(axis=1),
-                                          np.float32(0.0)), host.counts, x.shape[1])
+    log_kept = log_kept_of(scaled_top.numpy() - x.max(axis=1), host.counts, x.shape[1])
     host.asked, host.logprobs = asked, host.values.astype(np.float32, copy=False)
     host.log_kept = log_kept.astype(np.float32, copy=False)
     if host.drawn is not None:   # a row holding a NaN (its max is NaN) describes no draw

@@ -104,11 +104,12 @@ def apply(module, release: Release) -> None:
         rows = self.input_batch.num_reqs
         plan = state.plan(slice(0, rows), self.input_batch.top_k_cpu[:rows],
                           self.discard_request_mask.np[:rows])
-        if plan.masks_nothing and not state.worst_case:
+        if plan.masks_nothing:
             # no request of the batch wants a mask: the sampler runs as upstream's
             # (no step is open) and the step carries NO_MASKS
             out = wrapped(*args, **kwargs)
-            state.steps_without_masks += out is not None
+            if out is not None:
+                state.steps_without_masks += 1
             if isinstance(out, ModelRunnerOutput):
                 out.sampling_mask_step = NO_MASKS
             elif isinstance(out, AsyncOutput):
