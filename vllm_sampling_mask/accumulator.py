@@ -43,6 +43,14 @@ def _offsets(counts: np.ndarray, ids: int) -> np.ndarray:
     return offsets
 
 
+def _joined(parts: list) -> bytes:
+    """The bytes of `parts` one after another: a stream's step is one part of the
+    engine core's bytes, handed back as it is."""
+    if len(parts) == 1 and type(parts[0]) is bytes:
+        return parts[0]
+    return b"".join(parts)
+
+
 def _raw(values, dtype) -> bytes | np.ndarray:
     """`values` as a buffer of `dtype` items (little-endian, as the wire carries
     them): bytes as they came, arrays converted (no copy when they already are)."""
@@ -200,10 +208,7 @@ class MaskAccumulator:
         else:
             ids_, counts_, logprobs_, log_kept_ = self._pending
             self._drop(last)
-        # one part per field is a stream's step: `join` hands it back as it is
-        ids, counts, logprobs, log_kept = (b"".join(parts) for parts in
-                                           (ids_, counts_, logprobs_, log_kept_))
-        ids = np.frombuffer(ids, "<i4")
+        ids, counts = np.frombuffer(_joined(ids_), "<i4"), _joined(counts_)
         if len(counts) == 4:      # one token: its count is the ids' number, checked
             (count,) = struct.unpack("<i", counts)
             if count != len(ids):
@@ -214,8 +219,8 @@ class MaskAccumulator:
             offsets = _offsets(np.frombuffer(counts, "<i4"), len(ids))
         if not self.with_logprobs:
             return SamplingMask._of(ids, offsets)
-        return SamplingMask._of(ids, offsets, np.frombuffer(logprobs, "<f4"),
-                                np.frombuffer(log_kept, "<f4"))
+        return SamplingMask._of(ids, offsets, np.frombuffer(_joined(logprobs_), "<f4"),
+                                np.frombuffer(_joined(log_kept_), "<f4"))
 
     def _drop(self, read: int) -> None:
         """Forget what is pending: tokens up to `read` have been handed out."""
