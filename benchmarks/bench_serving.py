@@ -21,6 +21,9 @@ streamed (one chunk per token) and not. Per arm, summed over `--rounds` rounds:
     api us/tok     the API server process's CPU time (user + system, from
                    /proc/<pid>/stat) per generated token
     engine us/tok  the same for the engine core and worker processes (its children)
+    client us/tok  this process's CPU time per generated token: the bench's own client,
+                   which reads every streamed line (bigger in the masked arms) on the
+                   core the API servers and engine cores are bound to
     <arm>/off      tok/s: each round is a pair, the arm's tok/s over the off arm's
                    in the same round; the median of the rounds' ratios with its
                    interquartile range and the protocol's verdict ("met" when the
@@ -49,6 +52,7 @@ block is `4 R (3 + W)` plus the spare slots (docs/design.md).
     python benchmarks/bench_serving.py
     python benchmarks/bench_serving.py --clients 8 32 --rounds 5 --max-tokens 64
     python benchmarks/bench_serving.py --stock --stream yes --clients 32
+    python benchmarks/bench_serving.py --stock --clients 32 --rounds 15 --max-tokens 512
     python benchmarks/bench_serving.py --both-stock --stream yes --clients 32   # the check
     python benchmarks/bench_serving.py --route chat --n 2 --clients 8 --rounds 9
     python benchmarks/bench_serving.py --hand-off    # no server: the per-token path alone
@@ -192,9 +196,9 @@ async def round_of(client, base, model, arm, clients, max_tokens, stream, check,
     url = base + ROUTES[route]
     api0 = cpu_seconds(pids[0])
     engine0 = sum(cpu_seconds(p) for p in pids[1:])
-    t0 = time.perf_counter()
+    t0, own0 = time.perf_counter(), time.process_time()
     results = await asyncio.gather(*(one(client, url, r, check) for r in requests))
-    wall = time.perf_counter() - t0
+    wall, own = time.perf_counter() - t0, time.process_time() - own0
     api = cpu_seconds(pids[0]) - api0
     engine = sum(cpu_seconds(p) for p in pids[1:]) - engine0
     tokens = sum(t for t, _ in results)
@@ -207,7 +211,7 @@ async def round_of(client, base, model, arm, clients, max_tokens, stream, check,
             else:
                 assert [len(m) if m is not None else None for m in masks] \
                     == [max_tokens] * n, (arm, masks)
-    return {"tokens": tokens, "wall": wall, "api": api, "engine": engine,
+    return {"tokens": tokens, "wall": wall, "api": api, "engine": engine, "client": own,
             "masks": [m for _, ms in results for m in ms if m is not None]}
 
 
@@ -222,7 +226,8 @@ async def run(servers: dict, model, levels, rounds, max_tokens, streams,
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         for stream in streams:
             for clients in levels:
-                totals = {arm: {"tokens": 0, "wall": 0.0, "api": 0.0, "engine": 0.0}
+                totals = {arm: {"tokens": 0, "wall": 0.0, "api": 0.0, "engine": 0.0,
+                                 "client": 0.0}
                           for arm in arms}
                 per_round = {arm: [] for arm in arms}
                 sizes = []
@@ -252,6 +257,7 @@ async def run(servers: dict, model, levels, rounds, max_tokens, streams,
                     row[f"{arm} tok/s"] = round(t["tokens"] / t["wall"], 1)
                     row[f"{arm} api us/tok"] = round(t["api"] / t["tokens"] * 1e6, 1)
                     row[f"{arm} engine us/tok"] = round(t["engine"] / t["tokens"] * 1e6, 1)
+                    row[f"{arm} client us/tok"] = round(t["client"] / t["tokens"] * 1e6, 1)
                 compared = [(arm, base_arm) for base_arm in ("off", "stock") if base_arm in arms
                             for arm in ("lists", "packed", "off")
                             if arm != base_arm and arm in arms]
@@ -270,6 +276,9 @@ async def run(servers: dict, model, levels, rounds, max_tokens, streams,
                 rows.append(row)
     return rows
 
+
+# positions kept for a prompt (the demo prompts with the chat template) beside the answer
+PROMPT_ROOM = 128
 
 CHUNK = ('data: {"id":"cmpl-8f1c2a3b4c5d6e7f8a9b0c1d2e3f4a5b","object":"text_completion",'
          '"created":1764672000,"model":"demo","choices":[{"index":0,"text":" hello",'
@@ -439,6 +448,10 @@ def main() -> None:
         + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
     if not args.upstream_poll:
         env[idle_poll.ENV] = str(IDLE_POLL_S)
+    # the demo server holds 512 positions; a longer answer (longer rounds) gets the
+    # room it needs beside its prompt, so every choice runs to max_tokens
+    room = ([] if args.max_tokens + PROMPT_ROOM <= 512
+            else ["--max-model-len", str(args.max_tokens + PROMPT_ROOM)])
     servers, apis = {}, []
     with contextlib.ExitStack() as stack:
         for name, mask, arms in started:
@@ -447,8 +460,8 @@ def main() -> None:
                 port = s.getsockname()[1]
             log_path = os.path.join(tempfile.gettempdir(), f"bench-serving-{name}-{port}.log")
             base, proc = stack.enter_context(server_process(
-                port, log_path, extra=["--served-model-name", "demo"], runner="v1", mask=mask,
-                env=env))
+                port, log_path, extra=["--served-model-name", "demo", *room], runner="v1",
+                mask=mask, env=env))
             pids = [proc.pid] + descendants(proc.pid)
             apis.append(psutil.Process(proc.pid))
             for arm in arms:
