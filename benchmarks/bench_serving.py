@@ -42,6 +42,10 @@ is the check of the two-server comparison, as `bench_step_cost.py --both-off` is
 engines': the first server is started without the flag too and gets the off arm
 alone, so `off/stock` is two identical servers' gap.
 
+An answer longer than the demo server's 512 positions hold beside a prompt
+(`--max-tokens` past 384) starts the servers with `--max-model-len` max_tokens + 128,
+so every choice runs to `max_tokens`: `--max-tokens 512` doubles a round.
+
 The first round of each arm is a check (every choice carries one mask per token in
 the masked arms, none in the off arm) and is not timed. The mask's memory per step
 is printed from the masks the lists arm got: on a CPU host the worker's step holds
