@@ -79,6 +79,17 @@ and this checkout the same way, each in its own process, taking turns, 3 runs ea
 and prints the medians of both (an earlier commit's stream accumulator is the one it
 had: before the read-once one, that kept every token).
 
+`--py-spy EXE` runs no timed rounds: it sends each arm's requests for `--spy-seconds`
+of whole rounds, twice (the arms in turn, then in reverse), while py-spy (the
+executable EXE, installed apart: `pip install py-spy`; not one of the project's
+packages) records that arm's API server, counting only the thread that holds the GIL,
+and prints for each arm, against the stock arm (the off arm without `--stock`), the
+frames whose time a generated token differs most (its own time; the JSON also has it
+with callees), beside the API server's CPU a token from /proc: where a masked stream's
+extra API CPU goes, found the same way next time.
+
+    python benchmarks/bench_serving.py --stock --stream yes --clients 32 --py-spy "$(which py-spy)"
+
 As `bench_step_cost.py` does, the servers' engines poll for 0.25 s after a read
 instead of upstream's 1 s (`idle_poll.py`), and each round starts once both servers'
 processes are quiet (`protocol.Settle`): vLLM's CPU build binds both servers' workers
@@ -281,6 +292,85 @@ async def run(servers: dict, model, levels, rounds, max_tokens, streams,
     return rows
 
 
+# py-spy's sampling rate (samples a second) for `--py-spy`
+SPY_RATE = 200
+
+
+async def profile(servers: dict, model, clients, max_tokens, stream, spy: str, seconds: float,
+                  route="completions", n=1, top=25) -> list[dict]:
+    """`--py-spy`: each arm's requests (as `run` sends them) for at least `seconds`
+    of whole rounds, twice, the arms in turn and then in reverse, while py-spy (the
+    executable `spy`) records that arm's API server; then, per frame (function and
+    file, every line of it), the microseconds a generated token spent in it, its own
+    ("leaf") and with what it called ("inclusive"), for each arm against the stock
+    arm (the off arm without `--stock`): the `top` frames that differ most. Only
+    samples of the thread that holds the GIL count (`--gil`): the event loop's wait
+    for its sockets is not a token's time."""
+    import collections
+    import re
+    import signal
+
+    import httpx
+    line = re.compile(r":\d+\)$")
+    leaf = {arm: collections.Counter() for arm in servers}
+    inclusive = {arm: collections.Counter() for arm in servers}
+    tokens = dict.fromkeys(servers, 0)
+    api = dict.fromkeys(servers, 0.0)   # the API server's CPU seconds (/proc), beside
+    limits = httpx.Limits(max_connections=clients + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        for arm in [*servers, *reversed(servers)]:
+            base, pids = servers[arm]
+            # a check round, untimed, that also warms the arm
+            await round_of(client, base, model, arm, clients, max_tokens, stream, True, pids,
+                           route, n)
+            with tempfile.NamedTemporaryFile(suffix=".txt") as out:
+                recorder = subprocess.Popen(
+                    [spy, "record", "-p", str(pids[0]), "-r", str(SPY_RATE), "-f", "raw",
+                     "-o", out.name, "--nonblocking", "--gil"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                end = time.monotonic() + seconds
+                while time.monotonic() < end:
+                    got = await round_of(client, base, model, arm, clients, max_tokens,
+                                         stream, False, pids, route, n)
+                    tokens[arm] += got["tokens"]
+                    api[arm] += got["api"]
+                recorder.send_signal(signal.SIGINT)   # py-spy writes its file and stops
+                recorder.wait()
+                for text in open(out.name):
+                    stack, _, count = text.rstrip("\n").rpartition(" ")
+                    if not stack:
+                        continue
+                    frames = [line.sub(")", frame) for frame in stack.split(";")]
+                    leaf[arm][frames[-1]] += int(count)
+                    inclusive[arm].update(dict.fromkeys(frames, int(count)))
+    against = "stock" if "stock" in servers else "off"
+
+    def per_token(arm, counter):
+        return {frame: samples / SPY_RATE / tokens[arm] * 1e6
+                for frame, samples in counter.items()}
+    rows = []
+    for arm in servers:
+        if arm == against:
+            continue
+        row = {"arm": arm, "against": against, "stream": stream, "clients": clients,
+               "sampled us/tok": [round(sum(leaf[a].values()) / SPY_RATE / tokens[a] * 1e6, 1)
+                                  for a in (against, arm)],
+               "api us/tok": [round(api[a] / tokens[a] * 1e6, 1) for a in (against, arm)]}
+        for name, counter in (("leaf", leaf), ("inclusive", inclusive)):
+            a, b = per_token(against, counter[against]), per_token(arm, counter[arm])
+            frames = sorted(set(a) | set(b), key=lambda f: -abs(b.get(f, 0) - a.get(f, 0)))
+            row[name] = [[frame, round(a.get(frame, 0), 2), round(b.get(frame, 0), 2)]
+                         for frame in frames[:top]]
+        print(f"{arm} against {against}: sampled {row['sampled us/tok'][1]} against "
+              f"{row['sampled us/tok'][0]} us a token (the API server's CPU: "
+              f"{row['api us/tok'][1]} against {row['api us/tok'][0]}); frames that differ "
+              f"most, us a token ({against}, {arm}), own time:", flush=True)
+        for frame, x, y in row["leaf"]:
+            print(f"  {y - x:+6.2f}  {x:6.2f} {y:6.2f}  {frame}", flush=True)
+        rows.append(row)
+    return rows
+
+
 # positions kept for a prompt (the demo prompts with the chat template) beside the answer
 PROMPT_ROOM = 128
 
@@ -424,6 +514,13 @@ def main() -> None:
     ap.add_argument("--against", metavar="DIR",
                     help="with --hand-off: also time the package at DIR (a worktree of "
                          "another commit), the two taking turns, 3 runs each, medians")
+    ap.add_argument("--py-spy", metavar="EXE",
+                    help="instead of timed rounds, record each arm's API server with py-spy "
+                         "(the executable EXE; not one of the project's packages) and print "
+                         "where a token's time differs, frame by frame")
+    ap.add_argument("--spy-seconds", type=float, default=30,
+                    help="with --py-spy: seconds of whole rounds recorded per arm, twice "
+                         "(default 30)")
     ap.add_argument("--code", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.hand_off:
@@ -476,9 +573,15 @@ def main() -> None:
               if pinned else "API servers, engine cores and this process not bound",
               flush=True)
         load_before = os.getloadavg()
-        settle = None if args.upstream_poll else Settle(apis)
-        rows = asyncio.run(run(servers, "demo", args.clients, args.rounds, args.max_tokens,
-                               streams, args.route, args.n, settle))
+        settle = None if args.upstream_poll or args.py_spy else Settle(apis)
+        if args.py_spy:
+            rows = [row for stream in streams for clients in args.clients
+                    for row in asyncio.run(profile(
+                        servers, "demo", clients, args.max_tokens, stream, args.py_spy,
+                        args.spy_seconds, args.route, args.n))]
+        else:
+            rows = asyncio.run(run(servers, "demo", args.clients, args.rounds,
+                                   args.max_tokens, streams, args.route, args.n, settle))
     print(f"load average after: {os.getloadavg()[0]:.2f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
