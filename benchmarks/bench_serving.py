@@ -402,9 +402,14 @@ def hand_off(tokens: int = 2000, size: int = 24, repeat: int = 7) -> dict:
     def accumulator(keep: bool):   # the output processor: append, then the delta's mask
         def run():
             acc = MaskAccumulator(keep=keep) if reads_once else MaskAccumulator()
+            # a DELTA output's read (`newest`, since 2026-12-05)
+            newest = None if keep else getattr(acc, "newest", None)
             for t in range(tokens):
                 acc.append(ids, counts)
-                acc.mask(t, t + 1)
+                if newest is not None:
+                    newest(1)
+                else:
+                    acc.mask(t, t + 1)
         return run
 
     def stream(hand_off: StreamMasks | None, masked: bool):

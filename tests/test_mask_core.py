@@ -528,3 +528,46 @@ def test_a_read_once_accumulator_hands_out_what_a_keeping_one_does():
     bad.append(np.array([1, 2], "<i4").tobytes(), np.array([3], "<i4").tobytes())
     with pytest.raises(ValueError, match="add up to 3"):
         bad.mask(0, 1)
+
+
+def test_newest_reads_a_delta_outputs_tokens_as_mask_does():
+    """`newest(n)`, the output processor's read of a DELTA output, gives the mask of
+    the last `n` tokens that arrived, as a keeping accumulator's `mask` does, on its
+    one-call path (a step of one token as the engine core's bytes) and off it
+    (arrays, several tokens, steps joined, support logprobs, after a stop); a count
+    that is not the ids' number raises, and a step's offsets are read-only."""
+    rng = np.random.default_rng(5)
+    for case in range(100):
+        with_logprobs = bool(case % 2)
+        keeping, once = (MaskAccumulator(with_logprobs, keep=k) for k in (True, False))
+        for step in range(12):
+            sizes = rng.integers(0, 40, 1 if rng.random() < 0.7 else rng.integers(1, 4))
+            ids = np.sort(rng.choice(5000, int(sizes.sum()), replace=False)).astype("<i4")
+            parts = [ids, sizes.astype("<i4")]
+            if with_logprobs:
+                parts += [-rng.random(len(ids)).astype("<f4"),
+                          -rng.random(len(sizes)).astype("<f4")]
+            as_bytes = rng.random() < 0.8
+            if as_bytes:
+                parts = [p.tobytes() for p in parts]
+            for acc in (keeping, once):
+                acc.append(*parts)
+            new = len(once) - once.first_readable
+            if rng.random() < 0.75:      # else the next step's output joins this one's
+                got = once.newest(new)
+                assert got == keeping.mask(len(keeping) - new)
+                # the one-call path's offsets: shared by every step of that size
+                assert got.offsets.flags.writeable == (new > 1 or not as_bytes)
+                assert once.first_readable == len(once)
+        if case == 0:
+            once.stop("dropped")
+            once.skip(1)
+            assert once.newest(1) is None and keeping.mask(0, 1) is not None
+    bad = MaskAccumulator(keep=False)
+    bad.append(np.array([1, 2], "<i4").tobytes(), np.array([3], "<i4").tobytes())
+    with pytest.raises(ValueError, match="add up to 3"):
+        bad.newest(1)
+    kept = MaskAccumulator()
+    kept.append(np.array([4], "<i4").tobytes(), np.array([1], "<i4").tobytes())
+    kept.append(np.array([5, 6], "<i4").tobytes(), np.array([2], "<i4").tobytes())
+    assert kept.newest(1).token_ids == [[5, 6]] and kept.newest(2).token_ids == [[4], [5, 6]]

@@ -11,7 +11,9 @@ returns any span of tokens as a `SamplingMask` without copying the ids.
 A stream's accumulator (`keep=False`, a DELTA request's) hands each token out once,
 in order: its `mask` makes the span's arrays straight from what arrived since the
 last one (one `np.frombuffer` per field) and keeps nothing, as no later output
-reads those tokens again.
+reads those tokens again. `newest(n)` is the DELTA output's read in one call: a
+stream's usual step (one token, its support as the engine core's bytes) takes the
+bytes as they came and a shared read-only offsets array, with no other call.
 
 A request that never asked for its mask (switch null) may lose it at a step the
 mask cannot describe (`stop`): from that token on there is no mask, only the
@@ -40,6 +42,20 @@ def _offsets(counts: np.ndarray, ids: int) -> np.ndarray:
     if offsets[-1] != ids:
         raise ValueError(f"MaskAccumulator: counts add up to {int(offsets[-1])}, "
                          f"not the {ids} ids appended")
+    return offsets
+
+
+# one token's offsets `[0, count]` by its support's size, shared read-only by the masks
+# of a stream's one-token steps (`newest`); sizes up to `_ONE_TOKEN_CACHED` are kept
+_ONE_TOKEN: dict[int, np.ndarray] = {}
+_ONE_TOKEN_CACHED = 1 << 16
+
+
+def _one_token(count: int) -> np.ndarray:
+    offsets = np.array((0, count), np.int64)
+    offsets.flags.writeable = False
+    if count <= _ONE_TOKEN_CACHED:
+        _ONE_TOKEN[count] = offsets
     return offsets
 
 
@@ -188,6 +204,30 @@ class MaskAccumulator:
             return SamplingMask._of(self._ids[base:end], offsets - base)
         return SamplingMask._of(self._ids[base:end], offsets - base,
                                 self._logprobs[base:end], self._log_kept[first:last])
+
+    def newest(self, n: int) -> SamplingMask | None:
+        """`mask` of the last `n` tokens (a DELTA output's): `mask(len(self) - n)`.
+        A read-once accumulator whose step brought one token, as the engine core's
+        bytes, reads it here without another call (the stream's hot path)."""
+        ids_, counts_, logprobs_, log_kept_ = self._pending
+        if (n == 1 == self._pending_tokens and not self.keep and self.reason is None
+                and type(counts := counts_[0]) is bytes and len(counts_) == 1):
+            ids = np.frombuffer(ids_[0], "<i4")
+            count = int.from_bytes(counts, "little", signed=True)
+            if count != len(ids):
+                raise ValueError(f"MaskAccumulator: counts add up to {count}, "
+                                 f"not the {len(ids)} ids appended")
+            self._pending = ([], [], [], [])
+            self._pending_tokens = 0
+            self._tokens += 1
+            offsets = _ONE_TOKEN.get(count)
+            if offsets is None:
+                offsets = _one_token(count)
+            if not self.with_logprobs:
+                return SamplingMask._of(ids, offsets)
+            return SamplingMask._of(ids, offsets, np.frombuffer(logprobs_[0], "<f4"),
+                                    np.frombuffer(log_kept_[0], "<f4"))
+        return self.mask(len(self) - n)
 
     def _read_once(self, first: int, last: int) -> SamplingMask | None:
         """`mask` of an accumulator that does not keep what it hands out: tokens

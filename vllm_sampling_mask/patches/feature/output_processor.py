@@ -88,14 +88,18 @@ def apply(module, release: Release) -> None:
         if acc is None:
             return output
         output.sampling_mask_error = self.sampling_mask_error
-        n, have = len(output.token_ids), len(acc)
-        first, last = ((have - n, have) if self.output_kind == RequestOutputKind.DELTA
-                       else (0, n))
-        if acc.first_readable <= first and last <= have:
-            output.sampling_mask = acc.mask(first, last)
-            if output.sampling_mask is None:   # the mask stopped at or before `last`
-                output.sampling_mask_reason = acc.reason
-        else:  # a bug, reported on this request alone
-            output.sampling_mask_error = (
-                f"sampling mask: internal error: {have} supports for {last} tokens")
+        n = len(output.token_ids)
+        try:
+            if not acc.keep:     # DELTA: the tokens that arrived last, read once
+                mask = acc.newest(n)
+            elif n <= len(acc):
+                mask = acc.mask(0, n)
+            else:
+                raise ValueError(f"{len(acc)} supports for {n} tokens")
+        except ValueError as exc:   # a bug, reported on this request alone
+            output.sampling_mask_error = f"sampling mask: internal error: {exc}"
+            return output
+        output.sampling_mask = mask
+        if mask is None:   # the mask stopped at or before this output's last token
+            output.sampling_mask_reason = acc.reason
         return output
