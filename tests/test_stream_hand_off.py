@@ -190,6 +190,32 @@ def test_masked_chunks_one_choice_or_several_carry_their_tokens_supports(packed)
     assert [SamplingMask.from_response(c) for c in got[1]["choices"]] == [two, one]
 
 
+@pytest.mark.parametrize("shape", [*ONE_CHOICE, "tool call", "usage"])
+@pytest.mark.parametrize("kind", ["lists", "packed", "logprobs", "reason", "said false"])
+def test_a_stream_of_one_choice_writes_what_the_general_path_writes(shape, kind):
+    """A stream the route knows has one choice in all (`choices=1`) writes its fields
+    into every chunk without reading the chunk's index; parsed, each chunk is what
+    the hand-off that reads it writes (the JSON path for a tool call's), and a chunk
+    with no choice is left as it is."""
+    chunk = {**ONE_CHOICE, **OTHER_SHAPES}[shape]
+    chunk = {**chunk, "choices": [{**c, "index": 0} for c in chunk["choices"]]}
+    mask = SamplingMask(np.array([3, 12], np.int32), np.array([0, 2]),
+                        np.array([-0.5, -1.0], np.float32), np.array([-0.25], np.float32))
+    outputs = {"lists": [completion(SamplingMask.from_lists([[3, 12]]))],
+               "packed": [completion(SamplingMask.from_lists([[3, 12]]))],
+               "logprobs": [completion(mask)], "reason": [completion(reason="wider")],
+               "said false": [completion()]}[kind]
+    asked = {"packed": dict(packed=True), "logprobs": dict(logprobs=True),
+             "reason": dict(), "said false": dict(asked=False)}.get(kind, dict())
+    one, general = (StreamMasks.of(request(**asked), choices=c) for c in (1, 0))
+    assert asyncio.run(run(one, [outputs], [chunk])) == \
+        asyncio.run(run(general, [outputs], [chunk]))
+    if chunk["choices"]:
+        assert "sampling_mask" in asyncio.run(run(StreamMasks.of(request(**asked), choices=1),
+                                                  [outputs], [chunk]))[0]["choices"][0]
+    assert one._with_masks("data: [DONE]\n\n") == "data: [DONE]\n\n"
+
+
 def test_support_logprobs_and_a_dropped_mask_in_the_text():
     logprobs = SamplingMask(np.array([3, 12], np.int32), np.array([0, 2]),
                             np.array([-0.5, -1.0], np.float32), np.array([-0.25], np.float32))

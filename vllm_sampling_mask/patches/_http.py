@@ -42,13 +42,14 @@ import copy
 import importlib
 import json
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 from typing import Literal
 
 from pydantic import Field, StrictBool, model_validator
 
 from vllm_sampling_mask.errors import SamplingMaskGenerationError
+from vllm_sampling_mask.packed_wire import LISTS_JSON
 from vllm_sampling_mask.patches._wrap import argument, with_argument
 from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.sampling_mask import SamplingMask
@@ -283,9 +284,11 @@ class StreamMasks:
     to the chunks upstream builds from them.
 
     `watch` re-yields the result generator upstream's stream generator consumes;
-    as upstream reaches each `CompletionOutput` of a result (`for output in
-    res.outputs`), that output's supports become pending under its chunk choice
-    index. `chunks` re-yields upstream's `data: {...}` events and sets
+    when upstream starts on a result's `CompletionOutput`s (`for output in
+    res.outputs`), their supports become pending, each under its chunk choice
+    index (`output.index + prompt index * stride`: each output of a result has a
+    choice of its own, so all of them at once, never before a chunk upstream
+    builds ahead of them, as the chat role chunk). `chunks` re-yields upstream's `data: {...}` events and sets
     `sampling_mask` on every chunk choice to what is pending for it: the
     supports of the tokens of the output upstream is building that chunk from
     (the chunk's own `token_ids`), with those of any earlier output upstream
@@ -298,68 +301,86 @@ class StreamMasks:
 
     A chunk of one choice (every chunk but the usage one, a tool call's and, on
     some routes, n > 1's) gets those fields written into upstream's text
-    (`_with_fields`); any other is parsed and written again. A request that said
+    (`_with_fields`); any other is parsed and written again. A stream of one
+    choice in all (`choices`, where the route knows it) writes every chunk's
+    fields into the text, without reading its index: the choice is choice 0. A request that said
     `return_sampling_mask: false` (`asked`) carries no mask and loses none, so
     `watch` hands its results on untouched and each one-choice chunk gets its
     null without its index being read.
     """
 
-    def __init__(self, choice_index: Callable[[int, object], int] | None = None,
-                 indexed: bool = False, packed: bool = False,
-                 logprobs: bool = False, asked: bool | None = None) -> None:
-        # (prompt index, CompletionOutput) -> the chunk's choice index
-        self._choice_index = choice_index or (lambda _prompt, completion: completion.index)
+    def __init__(self, stride: int = 0, indexed: bool = False, packed: bool = False,
+                 logprobs: bool = False, asked: bool | None = None,
+                 choices: int = 0) -> None:
+        # a chunk's choice index: the output's index + its prompt's index * stride
+        self._stride = stride
         self._indexed = indexed  # results are (prompt index, RequestOutput) pairs
-        self._pending: dict[int, list[SamplingMask]] = {}
+        # choice index -> the supports reached for it and given no chunk yet
+        self._pending: dict[int, SamplingMask] = {}
         self._reasons: dict[int, str] = {}   # choice index -> why its mask stopped
         self._masked = False
         self._packed = packed    # `sampling_mask_format: "packed"`
         self._logprobs = logprobs  # `return_sampling_mask_logprobs: true`
         self._unasked = asked is False and not logprobs  # no mask can come
+        self._one_choice = choices == 1   # the stream's choices in all (0: not known)
 
     @classmethod
-    def of(cls, request, choice_index: Callable[[int, object], int] | None = None,
-           indexed: bool = False) -> StreamMasks:
+    def of(cls, request, stride: int = 0, indexed: bool = False,
+           choices: int = 0) -> StreamMasks:
         """The hand-off of `request`'s stream, in the format and with the fields its
         body asked for."""
-        return cls(choice_index, indexed, packed=packed_format(request),
-                   logprobs=asks_logprobs(request), asked=request.return_sampling_mask)
+        return cls(stride, indexed, packed=packed_format(request),
+                   logprobs=asks_logprobs(request), asked=request.return_sampling_mask,
+                   choices=choices)
 
     def watch(self, results: AsyncIterator) -> AsyncIterator:
         return results if self._unasked else self._watching(results)
 
     async def _watching(self, results: AsyncIterator):
+        # one result a streamed token: the usual one is handed on in this loop's body
         try:
             async for item in results:
                 prompt, res = item if self._indexed else (0, item)
-                if _has_mask_error(res.outputs):
-                    served = _before_error(res)
-                    if served is not None:   # tokens that came with the error: theirs first
-                        yield self._handing(prompt, served)
-                    raise_mask_errors(res.outputs)
-                yield self._handing(prompt, res)
+                outputs = res.outputs
+                for completion in outputs:
+                    if completion.sampling_mask_error is not None:
+                        break
+                    if completion.sampling_mask is not None:
+                        self._masked = True
+                else:
+                    res.outputs = _Reached(outputs)
+                    res.outputs.reach = self, prompt
+                    yield item
+                    continue
+                served = _before_error(res)
+                if served is not None:   # tokens that came with the error: theirs first
+                    yield self._handing(prompt, served)
+                raise_mask_errors(outputs)
         finally:
             await results.aclose()
 
     def _handing(self, prompt: int, res):
         """`res` (as the results iterator yields it) with outputs that hand their
-        masks on as upstream reaches them."""
+        masks on when upstream reaches them."""
         outputs = res.outputs
         if not self._masked:
-            for completion in outputs:
-                if completion.sampling_mask is not None:
-                    self._masked = True
-                    break
-        res.outputs = _Reached(outputs, self, prompt)
+            self._masked = any(c.sampling_mask is not None for c in outputs)
+        res.outputs = _Reached(outputs)
+        res.outputs.reach = self, prompt
         return (prompt, res) if self._indexed else res
 
-    def _reach(self, prompt: int, completion) -> None:
-        if completion.sampling_mask_reason is not None:
-            self._reasons.setdefault(self._choice_index(prompt, completion),
-                                     completion.sampling_mask_reason)
-        elif completion.sampling_mask is not None:
-            self._pending.setdefault(self._choice_index(prompt, completion),
-                                     []).append(completion.sampling_mask)
+    def _reach(self, prompt: int, outputs) -> None:
+        """The masks of a result's `outputs` become pending (their reasons kept),
+        each under its choice's index."""
+        for completion in outputs:
+            index = completion.index + prompt * self._stride
+            if completion.sampling_mask_reason is not None:
+                self._reasons.setdefault(index, completion.sampling_mask_reason)
+            elif (mask := completion.sampling_mask) is not None:
+                pending = self._pending
+                # tokens upstream gave no chunk go with the choice's next one
+                pending[index] = (mask if index not in pending
+                                  else SamplingMask.concat((pending[index], mask)))
 
     async def chunks(self, events: AsyncIterator[str]):
         try:
@@ -369,7 +390,11 @@ class StreamMasks:
             await events.aclose()
 
     def _with_masks(self, event: str) -> str:
-        if self._unasked and event.count(_CHOICE) == 1:
+        if self._one_choice:
+            if _CHOICES_HEAD in event and '"sampling_mask' not in event:
+                return _with_fields(event, _NO_MASK_TEXT if self._unasked
+                                    else self._fields(0))
+        elif self._unasked and event.count(_CHOICE) == 1:
             # no mask can come: the one choice gets null, where upstream wrote it
             written = event.replace(_CHOICES_HEAD, _CHOICES_HEAD_NO_MASK, 1)
             if len(written) != len(event):
@@ -387,34 +412,28 @@ class StreamMasks:
     def _fields(self, index: int) -> str:
         """The mask fields of the chunk choice `index` as JSON text (the members
         of an object, without its braces), taking what is pending for it. The
-        mask is written straight from its arrays (`SamplingMask.to_lists_json`,
-        `to_packed_json`), not through Python lists and json's encoder."""
-        parts = self._pending.pop(index, None)
-        if index in self._reasons:   # this token on: no mask, and why
+        mask is written straight from its arrays (`packed_wire.LISTS_JSON` where
+        the compiled encoder is built, `SamplingMask.to_packed_json`), not through
+        Python lists and json's encoder."""
+        mask = self._pending.pop(index, None)
+        if self._reasons and index in self._reasons:   # this token on: no mask, and why
             return _CHUNK_JSON.encode({"sampling_mask": None,
                                        "sampling_mask_reason": self._reasons[index]})[1:-1]
         if not self._masked:
             return _NO_MASK_TEXT
-        if parts:
-            mask = SamplingMask.concat(parts)
-        else:
+        if mask is None:
             mask = (SamplingMask.from_lists([], [], []) if self._logprobs
                     else SamplingMask.from_lists([]))
         if self._packed:
             return '"sampling_mask":' + mask.to_packed_json()
-        text = '"sampling_mask":' + mask.to_lists_json()
+        text = (LISTS_JSON is not None and LISTS_JSON(mask.ids, mask.offsets)
+                or mask.to_lists_json())
+        text = '"sampling_mask":' + text
         if self._logprobs and mask.logprobs is not None:
             text += "," + _CHUNK_JSON.encode({
                 "sampling_mask_logprobs": mask.logprob_lists(),
                 "sampling_mask_log_kept": mask.log_kept.tolist()})[1:-1]
         return text
-
-
-def _has_mask_error(outputs) -> bool:
-    for completion in outputs:
-        if completion.sampling_mask_error is not None:
-            return True
-    return False
 
 
 def _before_error(res):
@@ -442,17 +461,16 @@ def _before_error(res):
 
 
 class _Reached(list):
-    """A result's outputs that report each output to the stream's hand-off
-    (`StreamMasks._reach`) as the stream generator iterating them reaches it."""
+    """A result's outputs that hand their masks to the stream's hand-off
+    (`StreamMasks._reach`; `reach` is the hand-off and the result's prompt index)
+    when the stream generator starts iterating them."""
 
-    def __init__(self, outputs, hand_off: StreamMasks, prompt: int) -> None:
-        super().__init__(outputs)
-        self._hand_off, self._prompt = hand_off, prompt
+    __slots__ = ("reach",)
 
     def __iter__(self):
-        for completion in super().__iter__():
-            self._hand_off._reach(self._prompt, completion)
-            yield completion
+        hand_off, prompt = self.reach
+        hand_off._reach(prompt, list.__iter__(self))
+        return list.__iter__(self)
 
 
 # a choice object in upstream's compact JSON, and a chunk's first one with its index

@@ -97,7 +97,7 @@ def apply(module, release: Release) -> None:
                 args, kwargs = with_argument(wrapped, args, kwargs, "result_generator",
                                            lambda results: every_choice_first(results, n))
             return wrapped(*args, **kwargs)
-        masks = StreamMasks.of(request)
+        masks = StreamMasks.of(request, choices=request.sampling_params.n)
         args, kwargs = with_argument(wrapped, args, kwargs, "result_generator",
             lambda results: masks.watch(every_choice_first(results, n)))
         return masks.chunks(wrapped(*args, **kwargs))

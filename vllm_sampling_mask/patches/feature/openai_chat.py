@@ -43,6 +43,6 @@ def apply(module, release: Release) -> None:
         if not serving_mask_enabled(self):
             return wrapped(*args, **kwargs)
         request = argument(wrapped, args, kwargs, "request")
-        masks = StreamMasks.of(request)
+        masks = StreamMasks.of(request, choices=request.n or 1)
         args, kwargs = with_argument(wrapped, args, kwargs, "result_generator", masks.watch)
         return masks.chunks(wrapped(*args, **kwargs))

@@ -52,7 +52,7 @@ def apply(module, release: Release) -> None:
             return wrapped(*args, **kwargs)
         request = argument(wrapped, args, kwargs, "request")
         n = request.n or 1
-        masks = StreamMasks.of(
-            request, lambda prompt, completion: completion.index + prompt * n, indexed=True)
+        masks = StreamMasks.of(request, stride=n, indexed=True, choices=n * argument(
+            wrapped, args, kwargs, "num_prompts"))
         args, kwargs = with_argument(wrapped, args, kwargs, "result_generator", masks.watch)
         return masks.chunks(wrapped(*args, **kwargs))
