@@ -65,9 +65,9 @@ block is `4 R (3 + W)` plus the spare slots (docs/design.md).
 `--hand-off` times, without a server, what the API server does per streamed token of a
 request on a mask server beyond upstream's own work (2,000 tokens of 24 ids, best of 7,
 the paths taking turns): `accumulator, stream`, the output processor's
-`MaskAccumulator.append` of the engine core's bytes and the delta's `mask` (a DELTA
-request's read-once accumulator; `accumulator, kept`: one that keeps every token, as
-cumulative and final outputs need); `masked: hand-off`, the stream hand-off
+`MaskAccumulator.append` of the engine core's bytes and the delta's read, `newest` (a
+DELTA request's read-once accumulator; `accumulator, kept`: one that keeps every token,
+as cumulative and final outputs need, read with `mask`); `masked: hand-off`, the stream hand-off
 (`StreamMasks.watch` on the results, `chunks` on the events, the opened stream) taking
 that mask for the chunk's choice and writing it, as lists, into upstream's chunk event
 (a `/v1/completions` chunk of one token), over a loop like upstream's alone; `packed:

@@ -286,13 +286,13 @@ class StreamMasks:
     `watch` re-yields the result generator upstream's stream generator consumes;
     when upstream starts on a result's `CompletionOutput`s (`for output in
     res.outputs`), their supports become pending, each under its chunk choice
-    index (`output.index + prompt index * stride`: each output of a result has a
-    choice of its own, so all of them at once, never before a chunk upstream
-    builds ahead of them, as the chat role chunk). `chunks` re-yields upstream's `data: {...}` events and sets
-    `sampling_mask` on every chunk choice to what is pending for it: the
-    supports of the tokens of the output upstream is building that chunk from
-    (the chunk's own `token_ids`), with those of any earlier output upstream
-    gave no chunk; `[]` for a chunk built from no output (the chat role chunk);
+    index (`output.index + prompt index * stride`). Each output of a result has a
+    choice of its own, so all of them go at once, and never before a chunk
+    upstream builds ahead of them (the chat role chunk). `chunks` re-yields
+    upstream's `data: {...}` events and sets `sampling_mask` on every chunk
+    choice to what is pending for it: the supports of the tokens of the output
+    upstream is building that chunk from (the chunk's own `token_ids`), with
+    those of any earlier output upstream gave no chunk; `[]` for a chunk built from no output (the chat role chunk);
     null for a request without a mask; null with `sampling_mask_reason` from the
     chunk that holds the token where a request that never asked lost its mask on.
     A choice the mask path ended streams every token it drew before the failing
@@ -303,10 +303,10 @@ class StreamMasks:
     some routes, n > 1's) gets those fields written into upstream's text
     (`_with_fields`); any other is parsed and written again. A stream of one
     choice in all (`choices`, where the route knows it) writes every chunk's
-    fields into the text, without reading its index: the choice is choice 0. A request that said
-    `return_sampling_mask: false` (`asked`) carries no mask and loses none, so
-    `watch` hands its results on untouched and each one-choice chunk gets its
-    null without its index being read.
+    fields into the text without reading its index: the choice is choice 0. A
+    request that said `return_sampling_mask: false` (`asked`) carries no mask and
+    loses none, so `watch` hands its results on untouched and each one-choice
+    chunk gets its null without its index being read.
     """
 
     def __init__(self, stride: int = 0, indexed: bool = False, packed: bool = False,
