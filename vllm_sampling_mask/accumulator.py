@@ -34,14 +34,18 @@ def _nbytes(buffer) -> int:
     return buffer.nbytes if isinstance(buffer, np.ndarray) else len(buffer)
 
 
+def _unmatched(total: int, ids: int) -> ValueError:
+    """The error of supports whose counts do not add up to the ids that came."""
+    return ValueError(f"MaskAccumulator: counts add up to {total}, not the {ids} ids appended")
+
+
 def _offsets(counts: np.ndarray, ids: int) -> np.ndarray:
     """The offsets (int64, from 0) of supports of `counts` ids each, which must
     add up to the `ids` that came with them."""
     offsets = np.zeros(len(counts) + 1, np.int64)
     np.cumsum(counts, out=offsets[1:])
     if offsets[-1] != ids:
-        raise ValueError(f"MaskAccumulator: counts add up to {int(offsets[-1])}, "
-                         f"not the {ids} ids appended")
+        raise _unmatched(int(offsets[-1]), ids)
     return offsets
 
 
@@ -162,8 +166,7 @@ class MaskAccumulator:
         n, k = len(counts), len(ids)
         total = int(counts[0]) if n == 1 else int(counts.sum())
         if total != k:
-            raise ValueError(f"MaskAccumulator: counts add up to {total}, "
-                             f"not the {k} ids appended")
+            raise _unmatched(total, k)
         start = self._offsets[self._tokens]
         if start + k > len(self._ids):
             self._ids = np.resize(self._ids, max(2 * len(self._ids), start + k))
@@ -215,8 +218,7 @@ class MaskAccumulator:
             ids = np.frombuffer(ids_[0], "<i4")
             count = int.from_bytes(counts, "little", signed=True)
             if count != len(ids):
-                raise ValueError(f"MaskAccumulator: counts add up to {count}, "
-                                 f"not the {len(ids)} ids appended")
+                raise _unmatched(count, len(ids))
             self._pending = ([], [], [], [])
             self._pending_tokens = 0
             self._tokens += 1
@@ -252,8 +254,7 @@ class MaskAccumulator:
         if len(counts) == 4:      # one token: its count is the ids' number, checked
             (count,) = struct.unpack("<i", counts)
             if count != len(ids):
-                raise ValueError(f"MaskAccumulator: counts add up to {count}, "
-                                 f"not the {len(ids)} ids appended")
+                raise _unmatched(count, len(ids))
             offsets = np.array((0, count), np.int64)
         else:
             offsets = _offsets(np.frombuffer(counts, "<i4"), len(ids))

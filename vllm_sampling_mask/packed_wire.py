@@ -941,4 +941,4 @@ def lists_json(ids: np.ndarray, offsets: np.ndarray) -> str | None:
     `json.dumps(mask.token_ids, separators=(",", ":"))` writes it, by the compiled
     encoder; None where it is not built or does not take the arrays (then
     `SamplingMask.to_lists_json` has json write its `token_ids`)."""
-    return None if _packed_native is None else _packed_native.lists_json(ids, offsets)
+    return None if LISTS_JSON is None else LISTS_JSON(ids, offsets)
