@@ -90,6 +90,15 @@ extra API CPU goes, found the same way next time.
 
     python benchmarks/bench_serving.py --stock --stream yes --clients 32 --py-spy "$(which py-spy)"
 
+`--cprofile` runs no timed rounds either: per arm, one round while the arm's API server
+profiles its main thread on its own CPU clock (cProfile with `time.thread_time`,
+`api_profile.py`), and prints, against the stock arm (the off arm without `--stock`),
+the functions whose own CPU time a token differs most, with their calls a token, and
+the totals. Where py-spy's samples and a wall-clock profile count the time a busy
+server waits for its core inside whatever it was running, this counts only CPU spent.
+
+    python benchmarks/bench_serving.py --stream yes --clients 32 --max-tokens 256 --cprofile
+
 As `bench_step_cost.py` does, the servers' engines poll for 0.25 s after a read
 instead of upstream's 1 s (`idle_poll.py`), and each round starts once both servers'
 processes are quiet (`protocol.Settle`): vLLM's CPU build binds both servers' workers
@@ -114,6 +123,7 @@ import sys
 import tempfile
 import time
 
+import api_profile
 import idle_poll
 from protocol import Settle, pin_beside_workers, verdict
 
@@ -361,12 +371,65 @@ async def profile(servers: dict, model, clients, max_tokens, stream, spy: str, s
             frames = sorted(set(a) | set(b), key=lambda f: -abs(b.get(f, 0) - a.get(f, 0)))
             row[name] = [[frame, round(a.get(frame, 0), 2), round(b.get(frame, 0), 2)]
                          for frame in frames[:top]]
-        print(f"{arm} against {against}: sampled {row['sampled us/tok'][1]} against "
-              f"{row['sampled us/tok'][0]} us a token (the API server's CPU: "
-              f"{row['api us/tok'][1]} against {row['api us/tok'][0]}); frames that differ "
-              f"most, us a token ({against}, {arm}), own time:", flush=True)
-        for frame, x, y in row["leaf"]:
-            print(f"  {y - x:+6.2f}  {x:6.2f} {y:6.2f}  {frame}", flush=True)
+        print_frames(f"{arm} against {against}: sampled {row['sampled us/tok'][1]} against "
+                     f"{row['sampled us/tok'][0]} us a token (the API server's CPU: "
+                     f"{row['api us/tok'][1]} against {row['api us/tok'][0]}); frames that "
+                     f"differ most, us a token ({against}, {arm}), own time:", row["leaf"])
+        rows.append(row)
+    return rows
+
+
+def print_frames(title: str, frames: list) -> None:
+    """`title`, then per frame `[name, baseline us, arm us, ...]` the difference and
+    both figures (and the calls a token of both, where given)."""
+    print(title, flush=True)
+    for frame, x, y, *calls in frames:
+        counted = f"  calls {calls[0]:5.2f} {calls[1]:5.2f}" if calls else ""
+        print(f"  {y - x:+6.2f}  {x:6.2f} {y:6.2f}{counted}  {frame}", flush=True)
+
+
+async def cpu_profile(servers: dict, model, clients, max_tokens, stream, prefix: str,
+                      route="completions", n=1, top=25) -> list[dict]:
+    """`--cprofile`: one round of each arm's requests (after an untimed check round)
+    while the arm's API server profiles its main thread on its CPU clock
+    (`api_profile.py`); per function, its own CPU microseconds and its calls per
+    generated token, for each arm against the stock arm (the off arm without
+    `--stock`): the `top` functions that differ most, and the totals. cProfile's
+    own cost a call inflates every figure (about 3x here): read the differences,
+    and the calls, not the sizes."""
+    import httpx
+
+    own, calls = {}, {}
+    limits = httpx.Limits(max_connections=clients + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        for arm, (base, pids) in servers.items():
+            await round_of(client, base, model, arm, clients, max_tokens, stream, True, pids,
+                           route, n)
+
+            def one_round(arm=arm, base=base, pids=pids):
+                return round_of(client, base, model, arm, clients, max_tokens, stream,
+                                False, pids, route, n)
+            got, functions = await api_profile.read(pids[0], prefix, one_round)
+            own[arm] = {f: t / got["tokens"] * 1e6 for f, (t, _) in functions.items()}
+            calls[arm] = {f: c / got["tokens"] for f, (_, c) in functions.items()}
+    against = "stock" if "stock" in servers else "off"
+    rows = []
+    for arm in servers:
+        if arm == against:
+            continue
+        a, b = own[against], own[arm]
+        frames = sorted(set(a) | set(b), key=lambda f: -abs(b.get(f, 0) - a.get(f, 0)))
+        row = {"arm": arm, "against": against, "stream": stream, "clients": clients,
+               "profiled us/tok": [round(sum(x.values()), 1) for x in (a, b)],
+               "calls/tok": [round(sum(calls[x].values()), 1) for x in (against, arm)],
+               "frames": [[f, round(a.get(f, 0), 2), round(b.get(f, 0), 2),
+                           round(calls[against].get(f, 0), 2), round(calls[arm].get(f, 0), 2)]
+                          for f in frames[:top]]}
+        print_frames(f"{arm} against {against}: profiled {row['profiled us/tok'][1]} against "
+                     f"{row['profiled us/tok'][0]} us a token of the API server's main "
+                     f"thread, {row['calls/tok'][1]} against {row['calls/tok'][0]} calls; "
+                     f"functions that differ most, own CPU us a token ({against}, {arm}):",
+                     row["frames"])
         rows.append(row)
     return rows
 
@@ -526,6 +589,10 @@ def main() -> None:
     ap.add_argument("--spy-seconds", type=float, default=30,
                     help="with --py-spy: seconds of whole rounds recorded per arm, twice "
                          "(default 30)")
+    ap.add_argument("--cprofile", action="store_true",
+                    help="instead of timed rounds, profile each arm's API server on its CPU "
+                         "clock (cProfile, one round) and print where a token's time and "
+                         "calls differ, function by function (api_profile.py)")
     ap.add_argument("--code", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.hand_off:
@@ -554,6 +621,9 @@ def main() -> None:
         + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
     if not args.upstream_poll:
         env[idle_poll.ENV] = str(IDLE_POLL_S)
+    profiles = os.path.join(tempfile.gettempdir(), f"bench-serving-profile-{os.getpid()}")
+    if args.cprofile:
+        env[api_profile.ENV] = profiles
     # the demo server holds 512 positions; a longer answer (longer rounds) gets the
     # room it needs beside its prompt, so every choice runs to max_tokens
     room = ([] if args.max_tokens + PROMPT_ROOM <= 512
@@ -578,8 +648,13 @@ def main() -> None:
               if pinned else "API servers, engine cores and this process not bound",
               flush=True)
         load_before = os.getloadavg()
-        settle = None if args.upstream_poll or args.py_spy else Settle(apis)
-        if args.py_spy:
+        settle = None if args.upstream_poll or args.py_spy or args.cprofile else Settle(apis)
+        if args.cprofile:
+            rows = [row for stream in streams for clients in args.clients
+                    for row in asyncio.run(cpu_profile(
+                        servers, "demo", clients, args.max_tokens, stream, profiles,
+                        args.route, args.n))]
+        elif args.py_spy:
             rows = [row for stream in streams for clients in args.clients
                     for row in asyncio.run(profile(
                         servers, "demo", clients, args.max_tokens, stream, args.py_spy,
