@@ -4,7 +4,8 @@ protocol (`protocol.py`).
 
 One `vllm serve` of the demo model (V1 runner, `--return-sampling-mask
 --logprobs-mode processed_logprobs`). Per concurrency level, `--clients` requests
-are sent at once (`/v1/completions`, or `/v1/chat/completions` with `--route chat`;
+are sent at once (`/v1/completions`, `/v1/chat/completions` with `--route chat`, or
+`/inference/v1/generate` with `--route generate`, the prompt as the demo tokenizer's ids;
 top_k 50, top_p 0.95, `max_tokens` each, `--n` choices each, ignore_eos, seeded)
 in each of three arms, which take turns round after round:
 
@@ -70,9 +71,10 @@ DELTA request's read-once accumulator; `accumulator, kept`: one that keeps every
 as cumulative and final outputs need, read with `mask`); `masked: hand-off`, the stream hand-off
 (`StreamMasks.watch` on the results, `chunks` on the events, the opened stream) taking
 that mask for the chunk's choice and writing it, as lists, into upstream's chunk event
-(a `/v1/completions` chunk of one token), over a loop like upstream's alone; `packed:
-hand-off`, the same in the packed format; `no mask:
-hand-off`, the same for a request without a mask (a null written). `--against DIR`
+(a `/v1/completions` chunk of one token, a stream of one choice as the route tells the
+hand-off: `choices=1`), over a loop like upstream's alone; `packed: hand-off`, the
+same in the packed format; `no mask: hand-off`, the same for a request that said
+`return_sampling_mask: false` (the serving bench's off arm: a null written). `--against DIR`
 times the package at DIR (a worktree of an earlier commit, `git worktree add DIR REV`, its C files built in
 place: `python setup.py build_ext --inplace` there)
 and this checkout the same way, each in its own process, taking turns, 3 runs each,
@@ -113,6 +115,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import inspect
 import json
 import os
@@ -166,18 +169,34 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-ROUTES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+ROUTES = {"completions": "/v1/completions", "chat": "/v1/chat/completions",
+          "generate": "/inference/v1/generate"}
+
+
+@functools.cache
+def prompt_ids(prompt: str) -> list[int]:
+    """The demo tokenizer's ids of `prompt` (the generate route takes ids)."""
+    from transformers import AutoTokenizer
+
+    from vllm_sampling_mask import DEMO_MODEL
+    return AutoTokenizer.from_pretrained(DEMO_MODEL)(prompt, add_special_tokens=False)[
+        "input_ids"]
 
 
 def body(model: str, arm: str, i: int, max_tokens: int, stream: bool,
          route: str = "completions", n: int = 1) -> dict:
     from vllm_sampling_mask.demo import DEMO_PROMPTS
     prompt = DEMO_PROMPTS[i % len(DEMO_PROMPTS)]
-    request = {"model": model, "max_tokens": max_tokens, "temperature": 1.0, "top_k": 50,
-               "top_p": 0.95, "seed": i, "ignore_eos": True, "stream": stream, "n": n}
+    sampling = {"max_tokens": max_tokens, "temperature": 1.0, "top_k": 50, "top_p": 0.95,
+                "seed": i, "ignore_eos": True, "n": n}
+    if route == "generate":   # the sampling parameters nested, the prompt as ids
+        request = {"model": model, "token_ids": prompt_ids(prompt),
+                   "sampling_params": sampling, "stream": stream}
+    else:
+        request = {"model": model, **sampling, "stream": stream}
     if route == "chat":
         request["messages"] = [{"role": "user", "content": prompt}]
-    else:
+    elif route == "completions":
         request["prompt"] = prompt
     if arm != "stock":
         request["return_sampling_mask"] = arm != "off"
@@ -197,22 +216,24 @@ async def one(client, url: str, request: dict, check: bool) -> tuple[int, list]:
         r = await client.post(url, json=request)
         r.raise_for_status()
         answer = r.json()
-        return (answer["usage"]["completion_tokens"],
-                [mask_of(choice) for choice in answer["choices"]] if check else [])
+        tokens = (answer["usage"]["completion_tokens"] if answer.get("usage")
+                  else sum(len(choice["token_ids"]) for choice in answer["choices"]))
+        return tokens, [mask_of(choice) for choice in answer["choices"]] if check else []
     chunks = []
     async with client.stream("POST", url, json=request) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if check and line.startswith("data: {"):
                 chunks.append(json.loads(line[6:]))
+    sampling = request.get("sampling_params", request)
     masks = []
-    for index in range(request["n"] if check else 0):
+    for index in range(sampling["n"] if check else 0):
         masked = any(choice.get("sampling_mask") is not None
                      for chunk in chunks for choice in chunk.get("choices", ())
                      if choice["index"] == index)
         masks.append(SamplingMask.from_response(chunks, index=index) if masked else None)
     # ignore_eos: every choice runs to the end
-    return request["max_tokens"] * request["n"], masks
+    return sampling["max_tokens"] * sampling["n"], masks
 
 
 async def round_of(client, base, model, arm, clients, max_tokens, stream, check, pids,
@@ -502,12 +523,19 @@ def hand_off(tokens: int = 2000, size: int = 24, repeat: int = 7) -> dict:
                 pass
         return lambda: asyncio.run(drain())
 
+    # the stream as the completions route hands it over (an earlier commit's hand-off
+    # may take neither the stream's choices nor the request's false)
+    taken = inspect.signature(StreamMasks).parameters
+    one = {"choices": 1} if "choices" in taken else {}
+    said_false = {"asked": False} if "asked" in taken else {}
     paths = {"accumulator, stream": accumulator(False),
              "accumulator, kept": accumulator(True),
              "upstream's loop alone": stream(None, False),
-             "with hand-off, masked": stream(StreamMasks(indexed=True), True),
-             "with hand-off, packed": stream(StreamMasks(indexed=True, packed=True), True),
-             "with hand-off, no mask": stream(StreamMasks(indexed=True), False)}
+             "with hand-off, masked": stream(StreamMasks(indexed=True, **one), True),
+             "with hand-off, packed": stream(StreamMasks(indexed=True, packed=True, **one),
+                                             True),
+             "with hand-off, no mask": stream(StreamMasks(indexed=True, **one, **said_false),
+                                              False)}
     best = dict.fromkeys(paths, float("inf"))
     for _ in range(repeat):
         for name, path in paths.items():

@@ -29,8 +29,16 @@ def event(chunk: dict) -> str:
 
 
 def parsed(event_text: str) -> dict:
+    """The event's chunk; a key written twice in one object fails the test (JSON
+    parsers keep the last, so a duplicate would hide the first)."""
     assert event_text.startswith("data: ") and event_text.endswith("\n\n")
-    return json.loads(event_text[len("data: "):])
+    return json.loads(event_text[len("data: "):], object_pairs_hook=_unique)
+
+
+def _unique(pairs: list) -> dict:
+    keys = [key for key, _ in pairs]
+    assert len(keys) == len(set(keys)), f"a key written twice: {keys}"
+    return dict(pairs)
 
 
 def members(fields: dict) -> str:
@@ -59,6 +67,10 @@ ONE_CHOICE = {
                                   "finish_reason": "stop", "token_ids": [7, 8]}]},
     "generate": {"request_id": "r", "choices": [{"index": 12, "token_ids": [5],
                                                  "logprobs": None, "finish_reason": None}]},
+    # from 0.28 the generate route's stream choices declare `sampling_mask`: upstream
+    # writes its null (the hand-off takes every mask off its output first)
+    "generate, upstream's null": {"request_id": "r", "choices": [{
+        "index": 3, "token_ids": [5], "sampling_mask": None, "weight_versions": None}]},
 }
 FIELDS = {
     "null": _NO_MASK,
@@ -103,10 +115,13 @@ TEXT = st.text(alphabet=st.sampled_from(list('{}[]":,\\ \n\tindexchoices"é😀'
 @given(index=st.integers(0, 2 ** 31), text=TEXT, token=TEXT,
        extra=st.dictionaries(TEXT.filter(lambda key: key != "index"),
                              TEXT | st.integers() | st.none(), max_size=3),
-       fields=st.sampled_from(list(FIELDS.values())))
+       fields=st.sampled_from(list(FIELDS.values())), upstream_null=st.booleans())
 def test_the_text_path_parses_to_the_json_paths_object_whatever_the_content(
-        index, text, token, extra, fields):
-    chunk = {"id": text, "choices": [{"index": index, "text": text, **extra,
+        index, text, token, extra, fields, upstream_null):
+    """Whatever the strings hold, and with or without upstream's own null (its
+    place taken, or the fields put first)."""
+    own = {"sampling_mask": None} if upstream_null else {}
+    chunk = {"id": text, "choices": [{"index": index, "text": text, **extra, **own,
                                       "logprobs": {"tokens": [token]}}],
              "usage": None, **{k + "_": v for k, v in extra.items()}}
     assert _single_choice_index(event(chunk)) == index
@@ -147,6 +162,10 @@ OTHER_SHAPES = {
     "tool call": {**HEAD, "object": "chat.completion.chunk",
                   "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "t"}]}}]},
     "usage": {**HEAD, "choices": [], "usage": {"prompt_tokens": 3}},
+    # the same, with the fields of a mask written already (not by upstream's null)
+    "fields written": {"request_id": "r", "choices": [{
+        "index": 0, "token_ids": [5], "finish_reason": None, "sampling_mask": [[5]],
+        "sampling_mask_logprobs": None}]},
 }
 
 
@@ -190,7 +209,7 @@ def test_masked_chunks_one_choice_or_several_carry_their_tokens_supports(packed)
     assert [SamplingMask.from_response(c) for c in got[1]["choices"]] == [two, one]
 
 
-@pytest.mark.parametrize("shape", [*ONE_CHOICE, "tool call", "usage"])
+@pytest.mark.parametrize("shape", [*ONE_CHOICE, "tool call", "usage", "fields written"])
 @pytest.mark.parametrize("kind", ["lists", "packed", "logprobs", "reason", "said false"])
 def test_a_stream_of_one_choice_writes_what_the_general_path_writes(shape, kind):
     """A stream the route knows has one choice in all (`choices=1`) writes its fields
@@ -201,17 +220,57 @@ def test_a_stream_of_one_choice_writes_what_the_general_path_writes(shape, kind)
     chunk = {**chunk, "choices": [{**c, "index": 0} for c in chunk["choices"]]}
     mask = SamplingMask(np.array([3, 12], np.int32), np.array([0, 2]),
                         np.array([-0.5, -1.0], np.float32), np.array([-0.25], np.float32))
-    outputs = {"lists": [completion(SamplingMask.from_lists([[3, 12]]))],
-               "packed": [completion(SamplingMask.from_lists([[3, 12]]))],
-               "logprobs": [completion(mask)], "reason": [completion(reason="wider")],
-               "said false": [completion()]}[kind]
+    def outputs():   # each run's own: the hand-off takes the masks off them
+        return {"lists": [completion(SamplingMask.from_lists([[3, 12]]))],
+                "packed": [completion(SamplingMask.from_lists([[3, 12]]))],
+                "logprobs": [completion(mask)], "reason": [completion(reason="wider")],
+                "said false": [completion()]}[kind]
     asked = {"packed": dict(packed=True), "logprobs": dict(logprobs=True),
              "reason": dict(), "said false": dict(asked=False)}.get(kind, dict())
     one, general = (StreamMasks.of(request(**asked), choices=c) for c in (1, 0))
-    got = asyncio.run(run(one, [outputs], [chunk]))
-    assert got == asyncio.run(run(general, [outputs], [chunk]))
+    got = asyncio.run(run(one, [outputs()], [chunk]))
+    assert got == asyncio.run(run(general, [outputs()], [chunk]))
     assert all("sampling_mask" in choice for choice in got[0]["choices"])
     assert one._with_masks("data: [DONE]\n\n") == "data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("choices", [1, 0])
+@pytest.mark.parametrize("asked", [None, False])
+def test_upstreams_own_null_is_written_over_and_upstream_sees_no_mask(choices, asked):
+    """The generate route from 0.28 declares `sampling_mask` on its stream choices
+    (0.32 fills it from the output's mask, as lists): the hand-off takes each mask
+    off its output before upstream reads it, and writes the chunk's fields where
+    upstream wrote its null, once (n = 1, and n = 2's one choice a chunk)."""
+    masks = [SamplingMask.from_lists([[3, 12]]), SamplingMask.from_lists([[5], [6, 7]])]
+    n = 1 if choices == 1 else 2
+    results = [[completion(masks[t % 2] if asked is None else None, index=i)
+                for i in range(n)] for t in range(2)]
+    seen = []
+
+    async def engine():
+        for outputs in results:
+            yield SimpleNamespace(outputs=outputs, finished=False)
+
+    async def upstream(results):   # 0.32's generate stream generator, in short
+        async for res in results:
+            for output in res.outputs:
+                seen.append(output.sampling_mask)
+                mask = output.sampling_mask
+                yield event({"request_id": "r", "choices": [{
+                    "index": output.index, "token_ids": [5],
+                    "sampling_mask": None if mask is None else mask.token_ids}]})
+
+    async def drive():
+        hand_off = StreamMasks.of(request(asked=asked), choices=choices)
+        return [parsed(e) async for e in hand_off.chunks(upstream(hand_off.watch(engine())))]
+
+    got = asyncio.run(drive())
+    assert seen == [None] * 2 * n
+    want = [None if asked is False else masks[t % 2].token_ids
+            for t in range(2) for _ in range(n)]
+    assert [chunk["choices"][0]["sampling_mask"] for chunk in got] == want
+    assert [chunk["choices"][0]["index"] for chunk in got] == [i for _ in range(2)
+                                                              for i in range(n)]
 
 
 def test_support_logprobs_and_a_dropped_mask_in_the_text():

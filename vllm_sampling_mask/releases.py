@@ -53,7 +53,8 @@ class Release:
     # vLLM #49577 shipped: `return_sampling_mask` on EngineArgs/ModelConfig and its
     # own extraction, which the overlay keeps off (its API stays)
     upstream_mask: bool
-    # /inference/v1/generate: each response class the route builds -> its choice class
+    # /inference/v1/generate: each full (not streamed) response class the route
+    # builds -> its choice class (stream chunks get their fields as text, `StreamMasks`)
     generate_choices: Mapping[str, str]
     # the class every full (not streamed) response of the route is an instance of
     generate_response: str
@@ -225,13 +226,12 @@ V0_31 = _after(V0_30, "0.31.0", mrv2_speculators=("draft_model",),
                v1_cpu_speculation=True)
 
 # the generate route: one response and choice class per output mode, streamed or
-# not; its stream counters sized by n; Python 3.11
+# not (the streamed ones keep upstream's `sampling_mask`, whose null the stream
+# hand-off writes over); its stream counters sized by n; Python 3.11
 V0_32 = _after(
     V0_31, "0.32.0",
     generate_choices={"GenerateTokensResponse": "GenerateTokensChoice",
-                      "GenerateTextResponse": "GenerateTextChoice",
-                      "GenerateTokensStreamResponse": "GenerateTokensStreamChoice",
-                      "GenerateTextStreamResponse": "GenerateTextStreamChoice"},
+                      "GenerateTextResponse": "GenerateTextChoice"},
     generate_response="GenerateResponseBase",
     generate_n_stream_bug=False,
     python=(3, 11),

@@ -301,7 +301,10 @@ class StreamMasks:
 
     A chunk of one choice (every chunk but the usage one, a tool call's and, on
     some routes, n > 1's) gets those fields written into upstream's text
-    (`_with_fields`); any other is parsed and written again. A stream of one
+    (`_with_fields`): in front of its index, or in place of the null upstream
+    writes where it declares the field itself (the generate route from 0.28;
+    `_reach` takes each mask off its output, so upstream never writes one as
+    lists); any other is parsed and written again. A stream of one
     choice in all (`choices`, where the route knows it) writes every chunk's
     fields into the text without reading its index: the choice is choice 0. A
     request that said `return_sampling_mask: false` (`asked`) carries no mask and
@@ -371,12 +374,14 @@ class StreamMasks:
 
     def _reach(self, prompt: int, outputs) -> None:
         """The masks of a result's `outputs` become pending (their reasons kept),
-        each under its choice's index."""
+        each under its choice's index, and leave their outputs: the chunk's text
+        gets them from here, and upstream sees none to write itself."""
         for completion in outputs:
             index = completion.index + prompt * self._stride
             if completion.sampling_mask_reason is not None:
                 self._reasons.setdefault(index, completion.sampling_mask_reason)
             elif (mask := completion.sampling_mask) is not None:
+                completion.sampling_mask = None   # (generate 0.32 would write lists)
                 pending = self._pending
                 # tokens upstream gave no chunk go with the choice's next one
                 pending[index] = (mask if index not in pending
@@ -384,21 +389,42 @@ class StreamMasks:
 
     async def chunks(self, events: AsyncIterator[str]):
         try:
+            if not self._one_choice:
+                async for event in events:
+                    yield self._with_masks(event)
+                return
+            # a stream of one choice: a chunk with a choice (the first is choice 0) gets
+            # its fields in this loop (a call a chunk less), in front of its index, or
+            # in place of upstream's own null; any other event takes `_with_masks`
+            unasked = self._unasked
             async for event in events:
-                yield self._with_masks(event)
+                if '"sampling_mask' not in event:
+                    if _CHOICES_HEAD in event:
+                        event = event.replace(_CHOICES_HEAD, _CHOICES_HEAD_NO_MASK if unasked
+                                              else '"choices":[{' + self._fields(0)
+                                              + ',"index":', 1)
+                    else:
+                        event = self._with_masks(event)
+                # `_upstream_null`, inline: the generate route's own field, from 0.28
+                elif event.count('"sampling_mask') == 1 and _NO_MASK_TEXT in event:
+                    if not unasked:
+                        event = event.replace(_NO_MASK_TEXT, self._fields(0), 1)
+                else:
+                    event = self._with_masks(event)
+                yield event
         finally:
             await events.aclose()
 
     def _with_masks(self, event: str) -> str:
-        if self._one_choice:
-            if _CHOICES_HEAD in event and '"sampling_mask' not in event:
-                return _with_fields(event, _NO_MASK_TEXT if self._unasked
-                                    else self._fields(0))
-        elif self._unasked and event.count(_CHOICE) == 1:
-            # no mask can come: the one choice gets null, where upstream wrote it
-            written = event.replace(_CHOICES_HEAD, _CHOICES_HEAD_NO_MASK, 1)
-            if len(written) != len(event):
-                return written
+        if self._unasked and event.count(_CHOICE) == 1:
+            # no mask can come: the one choice gets null, in front of its index or
+            # where upstream wrote its own
+            if _upstream_null(event):
+                return event
+            if '"sampling_mask' not in event:
+                written = event.replace(_CHOICES_HEAD, _CHOICES_HEAD_NO_MASK, 1)
+                if len(written) != len(event):
+                    return written
         index = _single_choice_index(event)
         if index is not None:
             return _with_fields(event, self._fields(index))
@@ -483,12 +509,23 @@ _CHOICES_HEAD = '"choices":[{"index":'
 _CHOICES_HEAD_NO_MASK = '"choices":[{' + _NO_MASK_TEXT + ',"index":'
 
 
+def _upstream_null(event: str) -> bool:
+    """Whether the only mask field in `event` is upstream's own `"sampling_mask":null`
+    (the generate route's stream choices declare the field from 0.28, and the
+    hand-off takes every mask off its output before upstream reads it). Inside a
+    JSON string every quote is escaped, so the text `"sampling_mask":null` is a
+    key with its value; a string holding `\\"sampling_mask` makes the count 2."""
+    return event.count('"sampling_mask') == 1 and _NO_MASK_TEXT in event
+
+
 def _single_choice_index(event: str) -> int | None:
     """The index of the one choice of a chunk event, read from its text; None for
     any other event (no choice, several, a tool call's indexed delta, mask fields
-    already there). A JSON string holds no unescaped quote, so `{"index":` in the
-    text is an object's key, never a string's content."""
-    if event.count(_CHOICE) != 1 or '"sampling_mask' in event:
+    already there other than upstream's own null, `_upstream_null`). A JSON string
+    holds no unescaped quote, so `{"index":` in the text is an object's key, never
+    a string's content."""
+    if event.count(_CHOICE) != 1 or ('"sampling_mask' in event
+                                     and not _upstream_null(event)):
         return None
     first = _FIRST_CHOICE.search(event)
     return None if first is None else int(first[1])
@@ -496,7 +533,10 @@ def _single_choice_index(event: str) -> int | None:
 
 def _with_fields(event: str, fields: str) -> str:
     """`event`, a chunk of one choice (`_single_choice_index`), with `fields` (JSON
-    object members) written into that choice's text as its first keys."""
+    object members) written into that choice's text: where upstream wrote its own
+    null, else as its first keys."""
+    if '"sampling_mask' in event:
+        return event.replace(_NO_MASK_TEXT, fields, 1)
     return event.replace(_CHOICES_HEAD, '"choices":[{' + fields + ',"index":', 1)
 
 

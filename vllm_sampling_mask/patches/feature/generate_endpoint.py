@@ -27,7 +27,8 @@ Why: the token-in/token-out endpoint is the RL trainers' way in.
 Remove when: upstream returns the per-request, packed and support-logprob
     masks from this endpoint (0.32 returns lists engine-wide only; its own
     filling, from `CompletionOutput.sampling_mask.token_ids`, is overwritten
-    here in the request's format). Both n > 1 bugs are present in 0.24.0 to 0.27.1 and
+    here in the request's format; in a stream the hand-off takes each mask off
+    its output first, and writes the chunk's fields over upstream's null). Both n > 1 bugs are present in 0.24.0 to 0.27.1 and
     fixed in 0.32 (FINAL_ONLY for every non-streamed request; stream counters
     sized by `sampling_params.n`): each applied where the release has it
     (`release.generate_n_unstreamed_bug`: 0.24-0.28, fixed upstream in 0.29;
@@ -99,7 +100,8 @@ def apply(module, release: Release) -> None:
             return wrapped(*args, **kwargs)
         masks = StreamMasks.of(request, choices=request.sampling_params.n)
         args, kwargs = with_argument(wrapped, args, kwargs, "result_generator",
-            lambda results: masks.watch(every_choice_first(results, n)))
+            lambda results: masks.watch(every_choice_first(results, n) if n > 1
+                                        else results))
         return masks.chunks(wrapped(*args, **kwargs))
 
 

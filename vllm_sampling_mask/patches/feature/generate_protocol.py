@@ -11,8 +11,8 @@ What: in the generate route's protocol module (`release.module("generate_protoco
     before-validator that answers a misspelled mask field, one inside
     `sampling_params`, or a sampling parameter at the top level (`top_k`) with a
     400 naming the right field and place (`messages.misplaced_field`; upstream
-    ignores them silently), and each
-    choice class with its response class (`release.generate_choices`) with
+    ignores them silently), and each full
+    response's choice class with its response class (`release.generate_choices`) with
     subclasses that declare `sampling_mask: list[list[int]] | <packed object> |
     None` and the support-logprob fields (the response class too: pydantic
     serialises a list field by its declared item type). The names are replaced
@@ -21,7 +21,9 @@ What: in the generate route's protocol module (`release.module("generate_protoco
     `generate_endpoint` patch forwards the field and fills the response.
 Why: the token-in/token-out endpoint is the RL trainers' way in. vLLM 0.32
     declares `sampling_mask: list[list[int]] | None` on its choices itself
-    (engine-wide, lists only); the subclasses widen it to the packed object.
+    (engine-wide, lists only); the subclasses widen it to the packed object. The
+    stream choices keep upstream's declaration (0.28-0.32 have one): the stream
+    hand-off writes each chunk's fields into its text, over upstream's null.
 Remove when: upstream declares a per-request switch, the packed format and the
     support logprobs.
 """
