@@ -28,9 +28,10 @@ Remove when: upstream returns the per-request, packed and support-logprob
     masks from this endpoint (0.32 returns lists engine-wide only; its own
     filling, from `CompletionOutput.sampling_mask.token_ids`, is overwritten
     here in the request's format; in a stream the hand-off takes each mask off
-    its output first, and writes the chunk's fields over upstream's null). Both n > 1 bugs are present in 0.24.0 to 0.27.1 and
-    fixed in 0.32 (FINAL_ONLY for every non-streamed request; stream counters
-    sized by `sampling_params.n`): each applied where the release has it
+    its output first, and writes the chunk's fields over upstream's null). Both
+    n > 1 bugs are present in 0.24.0 to 0.27.1 and fixed in 0.32 (FINAL_ONLY for
+    every non-streamed request; stream counters sized by `sampling_params.n`):
+    each applied where the release has it
     (`release.generate_n_unstreamed_bug`: 0.24-0.28, fixed upstream in 0.29;
     `generate_n_stream_bug`: 0.24-0.31).
 Upstream: the mask, vLLM #49577. The two n > 1 fixes (upstream bugs, kept in
