@@ -247,12 +247,20 @@ def packed_format(request) -> bool:
 
 async def recording(results: AsyncIterator, final: dict):
     """Re-yield the engine's `RequestOutput`s, keeping each choice's latest
-    `CompletionOutput` in `final` (by index); a mask error raises."""
+    `CompletionOutput` in `final` (by index); a mask error raises. A mask stays
+    with the kept copy and leaves the output upstream reads: the generate route
+    (0.28-0.32) would build its own lists of it for the response, which the
+    overlay replaces in the request's format (1 to 4 us a token of lists and
+    pydantic's checks, more than the packed encoding itself)."""
     try:
         async for res in results:
             raise_mask_errors(res.outputs)
             for completion in res.outputs:
-                final[completion.index] = completion
+                if completion.sampling_mask is not None:
+                    final[completion.index] = copy.copy(completion)
+                    completion.sampling_mask = None
+                else:
+                    final[completion.index] = completion
             yield res
     finally:
         await results.aclose()
