@@ -60,6 +60,7 @@ block is `4 R (3 + W)` plus the spare slots (docs/design.md).
     python benchmarks/bench_serving.py --stock --clients 32 --rounds 15 --max-tokens 512
     python benchmarks/bench_serving.py --both-stock --stream yes --clients 32   # the check
     python benchmarks/bench_serving.py --route chat --n 2 --clients 8 --rounds 9
+    python benchmarks/bench_serving.py --stock --stream yes --clients 32 --route generate
     python benchmarks/bench_serving.py --hand-off    # no server: the per-token path alone
     python benchmarks/bench_serving.py --hand-off --against /tmp/old   # and a worktree's
 
