@@ -171,6 +171,14 @@ def route_body(route, sampling=(), *, completion_prompt="def f", **top):
     return b
 
 
+def unique_keys(pairs: list) -> dict:
+    """`json.loads`' `object_pairs_hook`: a JSON object's members as a dict; a key
+    written twice fails the test (a parser keeps the last, which hides the first)."""
+    keys = [key for key, _ in pairs]
+    assert len(keys) == len(set(keys)), f"a key written twice: {keys}"
+    return dict(pairs)
+
+
 # The shared server's limits: a small --max-sampling-mask-size so that tests can
 # trip it, and room for a few concurrent sequences.
 SERVER_MAX_MASK_SIZE = 128

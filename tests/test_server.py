@@ -9,6 +9,8 @@ import json
 import pytest
 import requests
 
+from conftest import unique_keys
+
 from vllm_sampling_mask import DEMO_MODEL, SamplingMask, patching
 
 
@@ -130,14 +132,6 @@ def stream_events(base, body):
         events = [line[len(b"data: "):] for line in r.iter_lines() if line]
     assert events[-1] == b"[DONE]"
     return [json.loads(e, object_pairs_hook=unique_keys) for e in events[:-1]]
-
-
-def unique_keys(pairs: list) -> dict:
-    """A JSON object's members as a dict; a key written twice fails (a parser keeps
-    the last)."""
-    keys = [key for key, _ in pairs]
-    assert len(keys) == len(set(keys)), f"a key written twice: {keys}"
-    return dict(pairs)
 
 
 def test_streamed_chunks_carry_their_tokens_masks_and_join_to_the_full_result(server):

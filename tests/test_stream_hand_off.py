@@ -18,6 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import unique_keys
+
 from vllm_sampling_mask.errors import SamplingMaskGenerationError
 from vllm_sampling_mask.patches._http import StreamMasks, _single_choice_index, _with_fields
 from vllm_sampling_mask.sampling_mask import SamplingMask
@@ -32,13 +34,7 @@ def parsed(event_text: str) -> dict:
     """The event's chunk; a key written twice in one object fails the test (JSON
     parsers keep the last, so a duplicate would hide the first)."""
     assert event_text.startswith("data: ") and event_text.endswith("\n\n")
-    return json.loads(event_text[len("data: "):], object_pairs_hook=_unique)
-
-
-def _unique(pairs: list) -> dict:
-    keys = [key for key, _ in pairs]
-    assert len(keys) == len(set(keys)), f"a key written twice: {keys}"
-    return dict(pairs)
+    return json.loads(event_text[len("data: "):], object_pairs_hook=unique_keys)
 
 
 def members(fields: dict) -> str:

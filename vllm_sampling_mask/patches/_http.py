@@ -249,9 +249,8 @@ async def recording(results: AsyncIterator, final: dict):
     """Re-yield the engine's `RequestOutput`s, keeping each choice's latest
     `CompletionOutput` in `final` (by index); a mask error raises. A mask stays
     with the kept copy and leaves the output upstream reads: the generate route
-    (0.28-0.32) would build its own lists of it for the response, which the
-    overlay replaces in the request's format (1 to 4 us a token of lists and
-    pydantic's checks, more than the packed encoding itself)."""
+    (0.28-0.32) would build and check its own lists of it for the response, which
+    the overlay replaces in the request's format."""
     try:
         async for res in results:
             raise_mask_errors(res.outputs)
@@ -401,25 +400,16 @@ class StreamMasks:
                 async for event in events:
                     yield self._with_masks(event)
                 return
-            # a stream of one choice: a chunk with a choice (the first is choice 0) gets
-            # its fields in this loop (a call a chunk less), in front of its index, or
-            # in place of upstream's own null; any other event takes `_with_masks`
+            # a stream of one choice: a chunk with a choice (the first is choice 0) and
+            # no mask field but upstream's own null gets its fields here, without its
+            # index read; any other event takes `_with_masks`
             unasked = self._unasked
             async for event in events:
-                if '"sampling_mask' not in event:
-                    if _CHOICES_HEAD in event:
-                        event = event.replace(_CHOICES_HEAD, _CHOICES_HEAD_NO_MASK if unasked
-                                              else '"choices":[{' + self._fields(0)
-                                              + ',"index":', 1)
-                    else:
-                        event = self._with_masks(event)
-                # `_upstream_null`, inline: the generate route's own field, from 0.28
-                elif event.count('"sampling_mask') == 1 and _NO_MASK_TEXT in event:
-                    if not unasked:
-                        event = event.replace(_NO_MASK_TEXT, self._fields(0), 1)
+                if _CHOICES_HEAD in event and ('"sampling_mask' not in event
+                                               or _upstream_null(event)):
+                    yield _with_fields(event, _NO_MASK_TEXT if unasked else self._fields(0))
                 else:
-                    event = self._with_masks(event)
-                yield event
+                    yield self._with_masks(event)
         finally:
             await events.aclose()
 
