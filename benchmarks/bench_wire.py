@@ -1,11 +1,14 @@
 """The mask's wire: JSON lists against the packed encodings, same masks, one run.
 
 For each workload, every mask goes through the API server's encoders, exactly as
-the route patches call them (a full response: `_http.mask_payload`, then pydantic's
-JSON of the choice field; a stream chunk: the mask's text written straight from its
+the route patches call them (a full response: `_http.mask_payload`, then, as the
+route renders the response's `model_dump()`, the lists written from the mask's
+arrays (`_http.MaskedBody`) or the packed object through pydantic's dump and
+Starlette's `json.dumps`; a stream chunk: the mask's text written straight from its
 arrays, `SamplingMask.to_lists_json` or `to_packed_json`, written into a one-token
-`/v1/completions` chunk event and encoded to the bytes sent), and is decoded back with `SamplingMask.from_response` (checked equal). Four
-encoders: "lists" (the default), "v2" (`sampling_mask_format: "packed"`, what the
+`/v1/completions` chunk event and encoded to the bytes sent), and is decoded back with `SamplingMask.from_response` (checked equal). Five
+encoders: "lists" (the default), "lists-dumps" (the same lists through pydantic's
+dump and `json.dumps`, as full responses were written before 2026-12-06), "v2" (`sampling_mask_format: "packed"`, what the
 server writes: `packed_wire.encode_packed`, format `packed-rice-v2`, base85, with
 the compiled encoder `_packed_native` where it is built), "v2py" (the same objects
 from packed_wire's numpy and plain-Python encoders, what an install without a C
@@ -62,13 +65,17 @@ def synthetic(kind: str, tokens: int, rng) -> SamplingMask:
     return SamplingMask.from_lists(rows)
 
 
-ENCODERS = ("lists", "v1", "v2py", "v2")
+ENCODERS = ("lists", "lists-dumps", "v1", "v2py", "v2")
+# how Starlette's `JSONResponse` writes a body (the routes' full responses)
+RESPONSE_JSON = dict(ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
 
 
 def mask_text(mask: SamplingMask, encoder: str) -> str:
     """A stream chunk's `sampling_mask` text as `_http.StreamMasks` writes it."""
     if encoder == "lists":
         return mask.to_lists_json()
+    if encoder == "lists-dumps":
+        return json.dumps(mask.token_ids, separators=(",", ":"))
     if encoder == "v1":
         return json.dumps(encode_packed_v1(mask.ids, offsets=mask.offsets))
     if encoder == "v2py":
@@ -94,9 +101,20 @@ def chunk_bytes(mask: SamplingMask, encoder: str) -> bytes:
     return _with_fields(CHUNK, '"sampling_mask":' + mask_text(mask, encoder)).encode()
 
 
+def full_bytes(mask: SamplingMask, encoder: str, adapter) -> bytes:
+    """A full response's `sampling_mask` value as the route writes it: lists from
+    `_http.mask_payload` (a `MaskLists`, then the text `MaskedBody.render` writes),
+    anything else the field's pydantic dump written by `json.dumps` as Starlette's
+    `JSONResponse` does."""
+    if encoder == "lists":
+        from vllm_sampling_mask.patches._http import mask_payload
+        return mask_payload(mask, packed=False).mask.to_lists_json().encode()
+    return json.dumps(adapter.dump_python(payload(mask, encoder)), **RESPONSE_JSON).encode()
+
+
 def payload(mask: SamplingMask, encoder: str):
-    # what `_http.mask_payload` does (imported here would pull in vLLM); "v2py"
-    # without the compiled encoder; "v1" is the earlier packed layout
+    # the packed objects of `_http.mask_payload`; "v2py" without the compiled
+    # encoder; "v1" is the earlier packed layout; the lists as Python lists
     if encoder == "v2":
         return encode_packed(mask.ids, offsets=mask.offsets)
     if encoder == "v2py":
@@ -124,7 +142,7 @@ def measure(masks: list[SamplingMask], label: str, repeat: int = 5,
     CPU), each keeping its best round."""
     adapter = _pydantic_adapter()
     rows = []
-    shapes = (("full", masks, lambda m, encoder: adapter.dump_json(payload(m, encoder))),
+    shapes = (("full", masks, lambda m, encoder: full_bytes(m, encoder, adapter)),
               ("chunk", [SamplingMask.from_counts(m[t], [len(m[t])]) for m in masks[:2]
                          for t in range(len(m))], chunk_bytes))
     for shape, work, dump in shapes:
@@ -141,7 +159,7 @@ def measure(masks: list[SamplingMask], label: str, repeat: int = 5,
                 choice = {"index": 0, "sampling_mask": json.loads(text)}
                 assert SamplingMask.from_response(choice) == m
             row[f"{encoder} B/id"] = round(size / n_ids, 3)
-            if encoder != "lists":
+            if not encoder.startswith("lists"):
                 raw = sum(binary_size(payload(m, encoder)) for m in work)
                 row[f"{encoder} bin B/id"] = round(raw / n_ids, 3)
         best = dict.fromkeys(ENCODERS, float("inf"))

@@ -610,6 +610,15 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "disabled_scale_out", since=R32),
         _n(TITO_R, "router"),
     ),
+    "json_response": (
+        _f("starlette.responses", "JSONResponse.render", "self", "content"),
+        # every route returns a full response as the JSON of its bare `model_dump()`
+        _s(f"{CMPL}.api_router", "create_completion",
+           "JSONResponse(\n            content=generator.model_dump(),\n"),
+        _s(f"{CHAT}.api_router", "create_chat_completion",
+           "JSONResponse(\n            content=generator.model_dump(),\n"),
+        _s(TITO_R, "generate", "return JSONResponse(content=generator.model_dump())"),
+    ),
     "completion_protocol": (
         _f(f"{CMPL}.protocol", "CompletionRequest.to_sampling_params", "self",
            "max_tokens", "default_sampling_params"),

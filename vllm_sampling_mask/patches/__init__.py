@@ -239,6 +239,12 @@ _RECORDS = (
           MASK_PR, MASK_GONE),
     Patch("openai_chat", ("vllm.entrypoints.openai.chat_completion.serving",), API, F,
           MASK_PR, MASK_GONE),
+    # the three routes' full responses: lists masks written from their arrays as the
+    # body is rendered (FastAPI's JSONResponse is Starlette's)
+    Patch("json_response", ("starlette.responses",), API, F,
+          "none: an overlay field (vLLM #49577 writes its engine-wide lists through "
+          "pydantic and json.dumps)",
+          "upstream writes the mask's field from its arrays"),
     # `/v1/models` says the served dtype, so replay_check can explain a bfloat16 spread
     Patch("models_dtype", ("vllm.entrypoints.openai.models.serving",), API, F,
           "none: vLLM exposes the served dtype on no public route",

@@ -140,9 +140,7 @@ def declare_openai_fields(module, request: str, choice: str, response: str,
     subclass declaring the body field (forwarded by its `to_sampling_params`) and
     checking the body first (`checked_body`; then, where the release's
     `check_logprobs` compares them as sent, that its logprobs fields are numbers),
-    and the response classes `choice` / `response` with subclasses declaring
-    `sampling_mask` (the response too: pydantic serialises a list field by its
-    declared item type)."""
+    and the response classes (`declare_choice_fields`)."""
     from vllm_sampling_mask.messages import refuse_non_numbers
     from vllm_sampling_mask.patches._wrap import wraps
 
@@ -159,6 +157,21 @@ def declare_openai_fields(module, request: str, choice: str, response: str,
                     "_body_is_an_object": model_validator(mode="before")(
                         classmethod(checked)),
                     "__module__": module.__name__})
+    setattr(module, request, Request)
+    declare_choice_fields(module, choice, response)
+
+    @wraps(module, f"{request}.to_sampling_params")
+    def to_sampling_params(wrapped, self, args, kwargs):
+        return forward_body_field(wrapped(*args, **kwargs), self.return_sampling_mask,
+                                  self.return_sampling_mask_logprobs)
+
+
+def declare_choice_fields(module, choice: str, response: str) -> None:
+    """In a protocol module, replace the response classes `choice` / `response`
+    with subclasses declaring the mask's fields on the choice (the response too:
+    pydantic serialises a list field by its declared item type) and writing a
+    lists mask from its arrays when the route renders the response
+    (`WritesMaskLists`)."""
     Choice = type(choice, (getattr(module, choice),),
                   {"__annotations__": {"sampling_mask": MaskField,
                                        "sampling_mask_logprobs": LogprobsField,
@@ -167,17 +180,11 @@ def declare_openai_fields(module, request: str, choice: str, response: str,
                    "sampling_mask": None, "sampling_mask_logprobs": None,
                    "sampling_mask_log_kept": None, "sampling_mask_reason": None,
                    "__module__": module.__name__})
-    Response = type(response, (getattr(module, response),),
+    Response = type(response, (WritesMaskLists, getattr(module, response)),
                     {"__annotations__": {"choices": list[Choice]},
                      "__module__": module.__name__})
-    setattr(module, request, Request)
     setattr(module, choice, Choice)
     setattr(module, response, Response)
-
-    @wraps(module, f"{request}.to_sampling_params")
-    def to_sampling_params(wrapped, self, args, kwargs):
-        return forward_body_field(wrapped(*args, **kwargs), self.return_sampling_mask,
-                                  self.return_sampling_mask_logprobs)
 
 
 async def create_with_masks(serving, wrapped, args, kwargs, release: Release):
@@ -218,9 +225,84 @@ def mask_lists(completion, packed: bool = False) -> list[list[int]] | dict | Non
 
 
 def mask_payload(mask: SamplingMask, packed: bool) -> list[list[int]] | dict:
-    """A mask as the response carries it: JSON lists, or the packed object (with
-    the support logprobs inside when the mask has them)."""
-    return mask.to_packed() if packed else mask.token_ids
+    """A mask as the response carries it: JSON lists (`MaskLists`), or the packed
+    object (with the support logprobs inside when the mask has them)."""
+    return mask.to_packed() if packed else MaskLists(mask)
+
+
+class MaskLists(list):
+    """A full response's mask in lists format: `SamplingMask.token_ids`, holding
+    the mask itself. Read as a list anywhere; the response body writes it from the
+    mask's arrays (`WritesMaskLists`, `MaskedBody`), in one compiled call where
+    pydantic's dump and `json.dumps` would otherwise go through every id."""
+
+    __slots__ = ("mask",)
+
+    def __init__(self, mask: SamplingMask) -> None:
+        super().__init__(mask.token_ids)
+        self.mask = mask
+
+
+# a choice's mask field as `json.dumps` writes it null: nowhere else in a response's
+# JSON (inside a string every quote is escaped), so the n-th is the n-th null choice's
+_NULL_MASK = b'"sampling_mask":null'
+
+
+class WritesMaskLists:
+    """A route's full-response class whose choices' lists masks (`MaskLists`) its
+    `model_dump()` leaves as they are: `MaskedBody`, which `JSONResponse` writes
+    from the masks' arrays (the `json_response` patch). Called with arguments, or
+    without lists masks, `model_dump` is pydantic's."""
+
+    def model_dump(self, *args, **kwargs):
+        choices = self.choices if not (args or kwargs) else ()
+        lists = [(i, c.sampling_mask) for i, c in enumerate(choices)
+                 if type(c.sampling_mask) is MaskLists]
+        if not lists:
+            return super().model_dump(*args, **kwargs)
+        for i, _ in lists:
+            choices[i].sampling_mask = None
+        try:
+            body = super().model_dump()
+        finally:
+            for i, mask in lists:
+                choices[i].sampling_mask = mask
+        dumped = body["choices"]
+        for i, mask in lists:
+            dumped[i]["sampling_mask"] = mask
+        return MaskedBody(body)
+
+
+class MaskedBody(dict):
+    """A response body (`model_dump()`) whose choices hold `MaskLists`: a dict like
+    any other, which `JSONResponse` renders through `render`."""
+
+    __slots__ = ()
+
+    def render(self, dumps) -> bytes:
+        """`dumps(self)` (the response's JSON bytes) with each `MaskLists` written
+        from its mask's arrays (`SamplingMask.to_lists_json`): the body is dumped
+        with those masks null, then each choice's null is replaced, in order. A body
+        whose nulls do not match its choices one to one is dumped as it is."""
+        choices = self["choices"]
+        masks = [c.get("sampling_mask") for c in choices]
+        written = [m for m in masks if m is None or type(m) is MaskLists]
+        for c, m in zip(choices, masks):
+            if type(m) is MaskLists:
+                c["sampling_mask"] = None
+        try:
+            parts = dumps(self).split(_NULL_MASK)
+        finally:
+            for c, m in zip(choices, masks):
+                c["sampling_mask"] = m
+        if len(parts) != len(written) + 1:
+            return dumps(self)
+        out = [parts[0]]
+        for m, part in zip(written, parts[1:]):
+            out.append(_NULL_MASK if m is None
+                       else b'"sampling_mask":' + m.mask.to_lists_json().encode())
+            out.append(part)
+        return b"".join(out)
 
 
 def set_choice_mask(choice, completion, packed: bool) -> None:

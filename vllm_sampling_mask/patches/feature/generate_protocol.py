@@ -33,10 +33,9 @@ from __future__ import annotations
 from pydantic import model_validator
 
 from vllm_sampling_mask.messages import refuse_misplaced_fields
-from vllm_sampling_mask.patches._http import (BodyField, FormatField, LogKeptField,
-                                              LogprobsField, MaskField, ReasonField,
-                                              body_field, format_field, logprobs_field,
-                                              naming_sampling_refusals)
+from vllm_sampling_mask.patches._http import (BodyField, FormatField, body_field,
+                                              declare_choice_fields, format_field,
+                                              logprobs_field, naming_sampling_refusals)
 from vllm_sampling_mask.releases import Release
 
 
@@ -56,15 +55,4 @@ def apply(module, release: Release) -> None:
 
     module.GenerateRequest = GenerateRequest
     for response, choice in release.generate_choices.items():
-        Choice = type(choice, (getattr(module, choice),), {
-            "__annotations__": {"sampling_mask": MaskField,
-                                "sampling_mask_logprobs": LogprobsField,
-                                "sampling_mask_log_kept": LogKeptField,
-                                "sampling_mask_reason": ReasonField},
-            "sampling_mask": None, "sampling_mask_logprobs": None,
-            "sampling_mask_log_kept": None, "sampling_mask_reason": None,
-            "__module__": module.__name__})
-        Response = type(response, (getattr(module, response),), {
-            "__annotations__": {"choices": list[Choice]}, "__module__": module.__name__})
-        setattr(module, choice, Choice)
-        setattr(module, response, Response)
+        declare_choice_fields(module, choice, response)
