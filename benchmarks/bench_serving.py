@@ -69,7 +69,11 @@ request on a mask server beyond upstream's own work (2,000 tokens of 24 ids, bes
 the paths taking turns): `accumulator, stream`, the output processor's
 `MaskAccumulator.append` of the engine core's bytes and the delta's read, `newest` (a
 DELTA request's read-once accumulator; `accumulator, kept`: one that keeps every token,
-as cumulative and final outputs need, read with `mask`); `masked: hand-off`, the stream hand-off
+as cumulative and final outputs need, read with `mask`); `output processor, 32 a step`,
+the output processor's per-step take of each output's supports before upstream's
+(the `output_processor` patch's wrapper of `process_outputs`, over stand-ins of
+upstream's classes that do nothing: steps of 32 outputs of one token, every request a
+full response's); `masked: hand-off`, the stream hand-off
 (`StreamMasks.watch` on the results, `chunks` on the events, the opened stream) taking
 that mask for the chunk's choice and writing it, as lists, into upstream's chunk event
 (a `/v1/completions` chunk of one token, a stream of one choice as the route tells the
@@ -497,6 +501,50 @@ def hand_off(tokens: int = 2000, size: int = 24, repeat: int = 7) -> dict:
                     acc.mask(t, t + 1)
         return run
 
+    def output_processor(batch: int = 32):
+        """The output processor's per-step take of the supports (the package's
+        `output_processor` patch applied to stand-ins of upstream's two classes,
+        whose own `process_outputs` does nothing): steps of `batch` outputs of one
+        token each, every request a full response's (its accumulator keeps them)."""
+        import types
+
+        from vllm.sampling_params import RequestOutputKind
+
+        from vllm_sampling_mask.patches.feature import output_processor as patch
+        from vllm_sampling_mask.validation import MASK_ARG
+
+        class RequestState:
+            output_kind = RequestOutputKind.FINAL_ONLY
+
+            @classmethod
+            def from_new_request(cls, request):
+                return cls()
+
+            def _new_completion_output(self):
+                pass
+
+        class OutputProcessor:
+            def process_outputs(self, engine_core_outputs):
+                pass
+
+        module = types.ModuleType("output_processor_stand_in")
+        module.RequestState, module.OutputProcessor = RequestState, OutputProcessor
+        patch.apply(module, None)
+        request = SimpleNamespace(sampling_params=SimpleNamespace(
+            output_kind=RequestOutputKind.FINAL_ONLY, extra_args={MASK_ARG: True}))
+        step = [SimpleNamespace(request_id=str(i), new_token_ids=[1], sampling_mask_ids=ids,
+                                sampling_mask_counts=counts, sampling_mask_logprobs=None,
+                                sampling_mask_log_kept=None, sampling_mask_reason=None,
+                                sampling_mask_error=None) for i in range(batch)]
+
+        def run():
+            proc = OutputProcessor()
+            proc.request_states = {out.request_id: RequestState.from_new_request(request)
+                                   for out in step}
+            for _ in range(tokens // batch):
+                proc.process_outputs(step)
+        return run
+
     def stream(hand_off: StreamMasks | None, masked: bool):
         """The route's stream: results through `watch` into a loop like upstream's
         (each result's outputs iterated, then its chunk), its events through
@@ -531,6 +579,7 @@ def hand_off(tokens: int = 2000, size: int = 24, repeat: int = 7) -> dict:
     said_false = {"asked": False} if "asked" in taken else {}
     paths = {"accumulator, stream": accumulator(False),
              "accumulator, kept": accumulator(True),
+             "output processor, 32 a step": output_processor(32),
              "upstream's loop alone": stream(None, False),
              "with hand-off, masked": stream(StreamMasks(indexed=True, **one), True),
              "with hand-off, packed": stream(StreamMasks(indexed=True, packed=True, **one),
@@ -544,9 +593,10 @@ def hand_off(tokens: int = 2000, size: int = 24, repeat: int = 7) -> dict:
             path()
             best[name] = min(best[name], time.process_time() - t0)
     per_token = {name: t / tokens * 1e6 for name, t in best.items()}
+    per_token["output processor, 32 a step"] *= tokens / (tokens // 32 * 32)
     alone = per_token.pop("upstream's loop alone")
     row = {f"{name} us/token": round(t, 2) for name, t in per_token.items()
-           if name.startswith("accumulator")}
+           if name.startswith(("accumulator", "output processor"))}
     for name in ("with hand-off, masked", "with hand-off, packed", "with hand-off, no mask"):
         row[f"{name.split(', ', 1)[1]}: hand-off us/token"] = round(per_token[name] - alone, 2)
     return row

@@ -54,22 +54,31 @@ def apply(module, release: Release) -> None:
     @wraps(module, "OutputProcessor.process_outputs")
     def process_outputs(wrapped, self, args, kwargs):
         engine_core_outputs = argument(wrapped, args, kwargs, "engine_core_outputs")
-        state_of = self.request_states.get
         for out in engine_core_outputs:
-            state = state_of(out.request_id)
-            acc = None if state is None else state.sampling_masks
-            if acc is None:
+            state = self.request_states.get(out.request_id)
+            if state is None or state.sampling_masks is None:
                 continue
-            ids = out.sampling_mask_ids
-            if (ids is not None and out.new_token_ids and acc.reason is None
-                    and out.sampling_mask_reason is None and out.sampling_mask_error is None
-                    and (out.sampling_mask_logprobs is not None or not acc.with_logprobs)):
-                # the usual output: its tokens' supports, nothing else to decide (one
-                # pass of checks here, where each branch below reads them again)
-                acc.append(ids, out.sampling_mask_counts, out.sampling_mask_logprobs,
-                           out.sampling_mask_log_kept)
-            else:
-                _take(state, acc, out)
+            if out.sampling_mask_reason is not None:
+                state.sampling_masks.stop(out.sampling_mask_reason)
+            if out.sampling_mask_error is not None:
+                state.sampling_mask_error = out.sampling_mask_error
+            elif state.sampling_masks.reason is not None:
+                state.sampling_masks.skip(len(out.new_token_ids))
+            elif out.new_token_ids:
+                if out.sampling_mask_ids is None:
+                    raise MissingSamplingMaskError(
+                        "OutputProcessor.process_outputs",
+                        f"request {out.request_id} got {len(out.new_token_ids)} "
+                        "tokens but its EngineCoreOutput has no sampling_mask_ids")
+                if state.sampling_masks.with_logprobs and out.sampling_mask_logprobs is None:
+                    raise MissingSamplingMaskError(
+                        "OutputProcessor.process_outputs",
+                        f"request {out.request_id} asked for support logprobs but its "
+                        "EngineCoreOutput has no sampling_mask_logprobs")
+                state.sampling_masks.append(out.sampling_mask_ids,
+                                            out.sampling_mask_counts,
+                                            out.sampling_mask_logprobs,
+                                            out.sampling_mask_log_kept)
         return wrapped(*args, **kwargs)
 
     @wraps(module, "RequestState._new_completion_output")
@@ -94,28 +103,3 @@ def apply(module, release: Release) -> None:
         if mask is None:   # the mask stopped at or before this output's last token
             output.sampling_mask_reason = acc.reason
         return output
-
-
-def _take(state, acc: MaskAccumulator, out) -> None:
-    """What `process_outputs` does with an output other than the usual one: a
-    reason the mask stopped, a mask error, tokens after a stop, tokens without
-    their mask (`MissingSamplingMaskError`)."""
-    if out.sampling_mask_reason is not None:
-        acc.stop(out.sampling_mask_reason)
-    if out.sampling_mask_error is not None:
-        state.sampling_mask_error = out.sampling_mask_error
-    elif acc.reason is not None:
-        acc.skip(len(out.new_token_ids))
-    elif out.new_token_ids:
-        if out.sampling_mask_ids is None:
-            raise MissingSamplingMaskError(
-                "OutputProcessor.process_outputs",
-                f"request {out.request_id} got {len(out.new_token_ids)} "
-                "tokens but its EngineCoreOutput has no sampling_mask_ids")
-        if acc.with_logprobs and out.sampling_mask_logprobs is None:
-            raise MissingSamplingMaskError(
-                "OutputProcessor.process_outputs",
-                f"request {out.request_id} asked for support logprobs but its "
-                "EngineCoreOutput has no sampling_mask_logprobs")
-        acc.append(out.sampling_mask_ids, out.sampling_mask_counts,
-                   out.sampling_mask_logprobs, out.sampling_mask_log_kept)
