@@ -8,10 +8,11 @@ What: wraps `starlette.responses.JSONResponse.render` (FastAPI's `JSONResponse`,
     lists written from its arrays (`SamplingMask.to_lists_json`, compiled). Any
     other content is upstream's alone.
 Why: a lists mask holds one JSON number per support id (512 tokens of 27 ids:
-    13,824 per choice). Built as Python lists, dumped by pydantic and written by
-    `json.dumps`, it cost the API server about 4.5 us a token against 0.3 written
-    from the arrays (`python benchmarks/bench_wire.py --full-lists`); the bytes
-    sent are the same.
+    13,824 in a choice). Dumped by pydantic and written by `json.dumps`, it cost
+    the API server 3.5-4.2x what writing it from the arrays does (`python
+    benchmarks/bench_wire.py --tokens 512`, full responses of 512 tokens:
+    `lists-dumps` 2.19 and 7.11 us a token against `lists` 0.62 and 1.68, at about
+    8 and 50 ids a token); the bytes sent are the same.
 Upstream: none: an overlay field; upstream's own lists (0.32's generate route)
     go through pydantic and `json.dumps` as every other field.
 Remove when: upstream writes the mask's field itself (vLLM #49577 writes
