@@ -15,6 +15,10 @@
 - a completion the mask path ended (`CompletionOutput.sampling_mask_error`):
   `SamplingMaskGenerationError`, an HTTP 400 carrying the message (an error event
   in a stream), never upstream's 500 "Internal server error";
+- full responses: each choice's mask in the request's format (`set_choice_mask`);
+  in lists format a `MaskLists`, which the response's `model_dump()` leaves as it
+  is (`WritesMaskLists`, `declare_choice_fields`) and the `json_response` patch
+  writes from its arrays as the body is rendered (`MaskedBody`), the same bytes;
 - stream chunks: `StreamMasks` watches the engine's DELTA outputs and writes, into
   each chunk choice upstream emits, the supports of exactly that chunk's tokens;
 - `open_stream`: a stream whose first event is an error (the input processor

@@ -11,7 +11,9 @@ What: in `vllm/entrypoints/openai/completion/protocol.py`, replaces
     where the input processor decides; and `CompletionResponseChoice` / `CompletionResponse` with
     subclasses that declare `sampling_mask` (lists, or the packed object),
     `sampling_mask_logprobs` and `sampling_mask_log_kept` (the response class too:
-    pydantic serialises a list field by its declared item type); all through
+    pydantic serialises a list field by its declared item type; its
+    `model_dump()` leaves a lists mask for the `json_response` patch to write
+    from its arrays: `_http.WritesMaskLists`); all through
     `_http.declare_openai_fields`. The names are replaced as the module finishes
     executing, so the route (`api_router`) parses the subclass and the serving
     module builds the subclasses. The `openai_completions` patch fills the fields.

@@ -15,7 +15,9 @@ What: in the generate route's protocol module (`release.module("generate_protoco
     response's choice class with its response class (`release.generate_choices`) with
     subclasses that declare `sampling_mask: list[list[int]] | <packed object> |
     None` and the support-logprob fields (the response class too: pydantic
-    serialises a list field by its declared item type). The names are replaced
+    serialises a list field by its declared item type; its `model_dump()` leaves
+    a lists mask for the `json_response` patch to write from its arrays:
+    `_http.declare_choice_fields`). The names are replaced
     as the module finishes executing, so the route (`api_router`) parses the
     subclass and the serving module builds the subclasses. The
     `generate_endpoint` patch forwards the field and fills the response.
