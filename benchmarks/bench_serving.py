@@ -23,8 +23,9 @@ streamed (one chunk per token) and not. Per arm, summed over `--rounds` rounds:
                    /proc/<pid>/stat) per generated token
     engine us/tok  the same for the engine core and worker processes (its children)
     client us/tok  this process's CPU time per generated token: the bench's own client,
-                   which reads every streamed line (bigger in the masked arms) on the
-                   core the API servers and engine cores are bound to
+                   on the core the API servers and engine cores are bound to (timed
+                   rounds drain each answer off its socket, `--client raw`; `--client
+                   httpx` reads every streamed line, bigger in the masked arms)
     <arm>/off      tok/s: each round is a pair, the arm's tok/s over the off arm's
                    in the same round; the median of the rounds' ratios with its
                    interquartile range and the protocol's verdict ("met" when the
@@ -214,9 +215,71 @@ def mask_of(choice: dict):
     return None if choice.get("sampling_mask") is None else SamplingMask.from_response(choice)
 
 
+class _Drained(asyncio.Protocol):
+    """One request on a connection of its own: the request's bytes sent, the answer
+    read to the end, keeping only its first and last bytes (`--client raw`)."""
+
+    def __init__(self, sent: bytes, done: asyncio.Future) -> None:
+        self.sent, self.done = sent, done
+        self.head = self.tail = b""
+
+    def connection_made(self, transport) -> None:
+        # woken once this much has come (or the answer has ended), not once a chunk
+        transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET,
+                                                      socket.SO_RCVLOWAT, 1 << 14)
+        transport.write(self.sent)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.head:
+            self.head = data[:64]
+        self.tail = data if len(data) >= 64 else (self.tail + data)[-64:]
+
+    def connection_lost(self, exc) -> None:
+        if not self.done.done():
+            self.done.set_exception(exc) if exc else self.done.set_result(None)
+
+
+async def drained(url: str, request: dict) -> int:
+    """`one` of a timed round with `--client raw` (the default): the request sent and
+    its answer read off the socket as it comes, with nothing parsed but the status
+    line and the answer's end (a stream's `[DONE]`, a whole response's closing
+    brace), so that the bench's client takes next to none of the core it shares with
+    the servers (httpx read each streamed line in Python: about 70 us a token).
+    Returns the tokens (every choice runs to `max_tokens`: ignore_eos)."""
+    host, _, rest = url.removeprefix("http://").partition(":")
+    port, _, path = rest.partition("/")
+    payload = json.dumps(request).encode()
+    sent = (f"POST /{path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            "Content-Type: application/json\r\nConnection: close\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    transport, reading = await loop.create_connection(lambda: _Drained(sent, done),
+                                                      host, int(port))
+    try:
+        await done
+    finally:
+        transport.close()
+    status = reading.head.split(b" ", 2)[1:2]
+    whole = (b"data: [DONE]" in reading.tail if request["stream"]
+             else reading.tail.rstrip().endswith(b"}"))
+    if status != [b"200"] or not whole:
+        raise RuntimeError(f"{url}: {reading.head!r} ... {reading.tail!r}")
+    sampling = request.get("sampling_params", request)
+    return sampling["max_tokens"] * sampling["n"]
+
+
+# how a timed round reads its answers (`--client`): "raw" (`drained`) or "httpx"
+CLIENT = "raw"
+
+
 async def one(client, url: str, request: dict, check: bool) -> tuple[int, list]:
     """(tokens, each choice's mask if `check`: None where it has none) of one
-    request; a stream is read line by line (parsed only when checking)."""
+    request. A check round reads it with httpx and parses it all; a timed round
+    drains it off its socket (`drained`), or with `--client httpx` reads a stream
+    line by line and parses a whole response's usage."""
+    if not check and CLIENT == "raw":
+        return await drained(url, request), []
     if not request["stream"]:
         r = await client.post(url, json=request)
         r.raise_for_status()
@@ -672,8 +735,14 @@ def main() -> None:
                     help="instead of timed rounds, profile each arm's API server on its CPU "
                          "clock (cProfile, one round) and print where a token's time and "
                          "calls differ, function by function (api_profile.py)")
+    ap.add_argument("--client", choices=("raw", "httpx"), default="raw",
+                    help="how timed rounds read the answers: off their sockets, parsing "
+                         "nothing but the status and the end (default), or with httpx, "
+                         "a stream line by line (the bench before 2026-12-06)")
     ap.add_argument("--code", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global CLIENT
+    CLIENT = args.client
     if args.hand_off:
         if args.against:
             print(json.dumps(hand_off_against(args.against)))
