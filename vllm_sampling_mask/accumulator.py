@@ -49,18 +49,23 @@ def _offsets(counts: np.ndarray, ids: int) -> np.ndarray:
     return offsets
 
 
-# one token's offsets `[0, count]` by its support's size, shared read-only by the masks
-# of a stream's one-token steps (`newest`); sizes up to `_ONE_TOKEN_CACHED` are kept
-_ONE_TOKEN: dict[int, np.ndarray] = {}
+# the wire's item types, made once (`np.frombuffer` parses a dtype string each call)
+_I4, _F4 = np.dtype("<i4"), np.dtype("<f4")
+
+# a one-token step's count as the engine core's bytes -> (the count, the offsets
+# `[0, count]`), shared read-only by the masks of a stream's one-token steps
+# (`newest`); sizes up to `_ONE_TOKEN_CACHED` are kept
+_ONE_TOKEN: dict[bytes, tuple[int, np.ndarray]] = {}
 _ONE_TOKEN_CACHED = 1 << 16
 
 
-def _one_token(count: int) -> np.ndarray:
+def _one_token(counts: bytes) -> tuple[int, np.ndarray]:
+    count = int.from_bytes(counts, "little", signed=True)
     offsets = np.array((0, count), np.int64)
     offsets.flags.writeable = False
-    if count <= _ONE_TOKEN_CACHED:
-        _ONE_TOKEN[count] = offsets
-    return offsets
+    if 0 <= count <= _ONE_TOKEN_CACHED:
+        _ONE_TOKEN[counts] = count, offsets
+    return count, offsets
 
 
 def _joined(parts: list) -> bytes:
@@ -135,12 +140,13 @@ class MaskAccumulator:
             raise ValueError("MaskAccumulator.append: the mask has stopped ("
                              f"{self.reason}); count later tokens with skip")
         if type(ids) is bytes and type(counts) is bytes:   # the engine core's (the hot path)
-            k, n = len(ids) // 4, len(counts) // 4
+            n = len(counts) // 4
         else:
             ids, counts = _raw(ids, "<i4"), _raw(counts, "<i4")
-            k, n = _nbytes(ids) // 4, _nbytes(counts) // 4
+            n = _nbytes(counts) // 4
         ids_, counts_, logprobs_, log_kept_ = self._pending
         if self.with_logprobs:
+            k = _nbytes(ids) // 4
             if logprobs is None or log_kept is None:
                 raise ValueError(f"MaskAccumulator: {k} ids and {n} tokens need as many "
                                  "support logprobs and log S values")
@@ -214,21 +220,19 @@ class MaskAccumulator:
         bytes, reads it here without another call (the stream's hot path)."""
         ids_, counts_, logprobs_, log_kept_ = self._pending
         if (n == 1 == self._pending_tokens and not self.keep and self.reason is None
-                and type(counts := counts_[0]) is bytes and len(counts_) == 1):
-            ids = np.frombuffer(ids_[0], "<i4")
-            count = int.from_bytes(counts, "little", signed=True)
-            if count != len(ids):
-                raise _unmatched(count, len(ids))
+                and type(counts := counts_[0]) is bytes and len(counts_) == 1
+                and type(ids := ids_[0]) is bytes):
+            count, offsets = _ONE_TOKEN.get(counts) or _one_token(counts)
+            if 4 * count != len(ids):
+                raise _unmatched(count, len(ids) // 4)
             self._pending = ([], [], [], [])
             self._pending_tokens = 0
-            self._tokens += 1
-            offsets = _ONE_TOKEN.get(count)
-            if offsets is None:
-                offsets = _one_token(count)
+            self._tokens = 1 + self._tokens
             if not self.with_logprobs:
-                return SamplingMask._of(ids, offsets)
-            return SamplingMask._of(ids, offsets, np.frombuffer(logprobs_[0], "<f4"),
-                                    np.frombuffer(log_kept_[0], "<f4"))
+                return SamplingMask._of(np.frombuffer(ids, _I4), offsets)
+            return SamplingMask._of(np.frombuffer(ids, _I4), offsets,
+                                    np.frombuffer(logprobs_[0], _F4),
+                                    np.frombuffer(log_kept_[0], _F4))
         return self.mask(len(self) - n)
 
     def _read_once(self, first: int, last: int) -> SamplingMask | None:

@@ -117,7 +117,7 @@ except ImportError:          # not built (no C compiler at install): numpy and P
 __all__ = ["encode_floats", "decode_floats", "PACKED_FORMAT", "PACKED_FORMAT_V1",
            "PACKED_FORMATS", "MASK_FORMATS", "encode_packed", "encode_packed_v1",
            "decode_packed", "encode_varints", "decode_varints", "b85encode", "b85decode",
-           "is_packed", "lists_json", "packed_json", "NATIVE", "LISTS_JSON"]
+           "is_packed", "lists_json", "packed_json", "NATIVE", "LISTS_JSON", "PACKED_JSON"]
 
 PACKED_FORMAT = "packed-rice-v2"           # what `encode_packed` writes
 PACKED_FORMAT_V1 = "packed-varint-v1"      # the earlier layout, still decoded
@@ -127,6 +127,9 @@ NATIVE = _packed_native is not None      # whether the compiled encoder is built
 # the compiled `lists_json(ids, offsets)` (None where not built): a stream chunk's
 # mask written with no Python call between (see `lists_json`)
 LISTS_JSON = None if _packed_native is None else _packed_native.lists_json
+# and `packed_json(ids, offsets)`, the same way (None where not built; the compiled
+# call returns None for arrays it does not take)
+PACKED_JSON = None if _packed_native is None else _packed_native.packed_json
 _ID_LIMIT = 1 << 31                        # ids are int32
 _MAX_G = 31
 _MAX_COUNT_WIDTH = 32                      # w[t]: counts (at most n) below 2**32

@@ -53,7 +53,7 @@ from typing import Literal
 from pydantic import Field, StrictBool, model_validator
 
 from vllm_sampling_mask.errors import SamplingMaskGenerationError
-from vllm_sampling_mask.packed_wire import LISTS_JSON
+from vllm_sampling_mask.packed_wire import LISTS_JSON, PACKED_JSON
 from vllm_sampling_mask.patches._wrap import argument, with_argument
 from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.sampling_mask import SamplingMask
@@ -533,8 +533,9 @@ class StreamMasks:
     def _fields(self, index: int) -> str:
         """The mask fields of the chunk choice `index` as JSON text (the members
         of an object, without its braces), taking what is pending for it. The
-        mask is written straight from its arrays (`packed_wire.LISTS_JSON` where
-        the compiled encoder is built, `SamplingMask.to_packed_json`), not through
+        mask is written straight from its arrays (`packed_wire.LISTS_JSON` and
+        `PACKED_JSON` where the compiled encoder is built, else
+        `SamplingMask.to_lists_json` and `to_packed_json`), not through
         Python lists and json's encoder."""
         mask = self._pending.pop(index, None)
         if self._reasons and index in self._reasons:   # this token on: no mask, and why
@@ -546,7 +547,9 @@ class StreamMasks:
             mask = (SamplingMask.from_lists([], [], []) if self._logprobs
                     else SamplingMask.from_lists([]))
         if self._packed:
-            return '"sampling_mask":' + mask.to_packed_json()
+            text = (mask.logprobs is None and PACKED_JSON is not None
+                    and PACKED_JSON(mask.ids, mask.offsets) or mask.to_packed_json())
+            return '"sampling_mask":' + text
         text = (LISTS_JSON is not None and LISTS_JSON(mask.ids, mask.offsets)
                 or mask.to_lists_json())
         text = '"sampling_mask":' + text
