@@ -45,7 +45,8 @@ import time
 import numpy as np
 
 from vllm_sampling_mask import packed_wire
-from vllm_sampling_mask.packed_wire import b85decode, encode_packed, encode_packed_v1
+from vllm_sampling_mask.packed_wire import (LISTS_JSON, PACKED_JSON, b85decode, encode_packed,
+                                            encode_packed_v1)
 from vllm_sampling_mask.sampling_mask import SamplingMask
 
 V_BIG = 151_936
@@ -71,9 +72,11 @@ RESPONSE_JSON = dict(ensure_ascii=False, allow_nan=False, indent=None, separator
 
 
 def mask_text(mask: SamplingMask, encoder: str) -> str:
-    """A stream chunk's `sampling_mask` text as `_http.StreamMasks` writes it."""
+    """A stream chunk's `sampling_mask` text as `_http.StreamMasks` writes it (the
+    compiled call itself where it is built)."""
     if encoder == "lists":
-        return mask.to_lists_json()
+        return (LISTS_JSON is not None and LISTS_JSON(mask.ids, mask.offsets)
+                or mask.to_lists_json())
     if encoder == "lists-dumps":
         return json.dumps(mask.token_ids, separators=(",", ":"))
     if encoder == "v1":
@@ -84,7 +87,8 @@ def mask_text(mask: SamplingMask, encoder: str) -> str:
             return mask.to_packed_json()
         finally:
             packed_wire._packed_native = native
-    return mask.to_packed_json()
+    return (PACKED_JSON is not None and PACKED_JSON(mask.ids, mask.offsets)
+            or mask.to_packed_json())
 
 
 # a one-token `/v1/completions` chunk as upstream writes it
