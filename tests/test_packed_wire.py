@@ -592,11 +592,12 @@ def test_the_lists_text_is_jsons_text_of_the_lists(case):
     _, rows = case
     mask = SamplingMask.from_lists(rows)
     assert mask.to_lists_json() == _lists_reference(mask)
-    native, packed_wire._packed_native = packed_wire._packed_native, None
+    native, packed_wire.LISTS_JSON = packed_wire.LISTS_JSON, None
     try:
+        assert packed_wire.lists_json(mask.ids, mask.offsets) is None   # json writes it
         assert mask.to_lists_json() == _lists_reference(mask)
     finally:
-        packed_wire._packed_native = native
+        packed_wire.LISTS_JSON = native
 
 
 @needs_native

@@ -20,7 +20,9 @@ from hypothesis import strategies as st
 
 from conftest import unique_keys
 
+from vllm_sampling_mask import packed_wire
 from vllm_sampling_mask.errors import SamplingMaskGenerationError
+from vllm_sampling_mask.patches import _http
 from vllm_sampling_mask.patches._http import StreamMasks, _single_choice_index, _with_fields
 from vllm_sampling_mask.sampling_mask import SamplingMask
 
@@ -189,8 +191,20 @@ def test_a_request_that_said_false_gets_null_in_every_choice_of_every_chunk(shap
     assert said_false._with_masks("data: [DONE]\n\n") == "data: [DONE]\n\n"
 
 
+@pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("packed", [False, True])
-def test_masked_chunks_one_choice_or_several_carry_their_tokens_supports(packed):
+def test_masked_chunks_one_choice_or_several_carry_their_tokens_supports(
+        packed, compiled, monkeypatch):
+    """Each chunk choice carries its output's supports, written by the compiled
+    encoder's call (`LISTS_JSON`, `PACKED_JSON`) or, on an install without it, by
+    `SamplingMask`'s fallbacks: the same JSON."""
+    if compiled and not packed_wire.NATIVE:
+        pytest.skip("the compiled encoder (_packed_native) is not built here")
+    if not compiled:
+        monkeypatch.setattr(_http, "LISTS_JSON", None)
+        monkeypatch.setattr(_http, "PACKED_JSON", None)
+        monkeypatch.setattr(packed_wire, "_packed_native", None)
+        monkeypatch.setattr(packed_wire, "LISTS_JSON", None)
     one, two = SamplingMask.from_lists([[3, 12]]), SamplingMask.from_lists([[5], [6, 7]])
     chunk = ONE_CHOICE["completions"]
     both = {**HEAD, "choices": [{"index": 0, "text": "a"}, {"index": 1, "text": "b"}]}
