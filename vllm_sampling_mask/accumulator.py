@@ -227,7 +227,7 @@ class MaskAccumulator:
                 raise _unmatched(count, len(ids) // 4)
             self._pending = ([], [], [], [])
             self._pending_tokens = 0
-            self._tokens = 1 + self._tokens
+            self._tokens += 1
             if not self.with_logprobs:
                 return SamplingMask._of(np.frombuffer(ids, _I4), offsets)
             return SamplingMask._of(np.frombuffer(ids, _I4), offsets,
