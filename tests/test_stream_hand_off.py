@@ -283,6 +283,43 @@ def test_upstreams_own_null_is_written_over_and_upstream_sees_no_mask(choices, a
                                                               for i in range(n)]
 
 
+@pytest.mark.parametrize("ahead", [True, False])
+def test_chunks_built_from_the_first_result_before_its_outputs_get_no_supports(ahead):
+    """Chat builds its role chunk from the first result before it reads that
+    result's outputs (`ahead`): the role chunk gets `[]`, each content chunk its
+    token's supports. Other routes build no chunk ahead, and the supports of a
+    result are pending from the moment it is handed on: there a chunk built ahead
+    would take them (why chat says `ahead`)."""
+    masks = [SamplingMask.from_lists([[3, 12]]), SamplingMask.from_lists([[5, 7, 9]])]
+    role = ONE_CHOICE["chat role"]
+    content = {**role, "choices": [{"index": 0, "delta": {"content": "a"},
+                                    "token_ids": [12]}]}
+
+    async def engine():
+        for mask in masks:
+            yield SimpleNamespace(outputs=[completion(mask)], finished=False)
+
+    async def upstream(results):   # chat's stream generator, in short
+        first = True
+        async for res in results:
+            if first:
+                yield event(role)
+                first = False
+            for _ in res.outputs:
+                yield event(content)
+
+    async def drive():
+        hand_off = StreamMasks.of(request(), choices=1, ahead=ahead)
+        return [parsed(e)["choices"][0]["sampling_mask"]
+                async for e in hand_off.chunks(upstream(hand_off.watch(engine())))]
+
+    got = asyncio.run(drive())
+    if ahead:
+        assert got == [[], masks[0].token_ids, masks[1].token_ids]
+    else:
+        assert got == [masks[0].token_ids, [], masks[1].token_ids]
+
+
 def test_support_logprobs_and_a_dropped_mask_in_the_text():
     logprobs = SamplingMask(np.array([3, 12], np.int32), np.array([0, 2]),
                             np.array([-0.5, -1.0], np.float32), np.array([-0.25], np.float32))

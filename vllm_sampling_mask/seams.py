@@ -575,8 +575,9 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         # the release's class of client errors (`Release.client_error`)
         _n("vllm.exceptions", "VLLMValidationError", until=R27),
         _n("vllm.exceptions", "VLLMClientError", since=R27),
-        # `StreamMasks`: each result's outputs are iterated once, each chunk is built from
-        # the output being iterated and sent as a `data: {json}` event; the choices of
+        # `StreamMasks`: each result's outputs are iterated once, no chunk is built from a
+        # result before them (chat's role chunk aside: `openai_chat`), each chunk is built
+        # from the output being iterated and sent as a `data: {json}` event; the choices of
         # full responses are numbered as the patches read them; error responses are
         # what the routes return as HTTP errors.
         _s(TITO, "ServingTokens.serve_tokens_stream_generator",
@@ -668,6 +669,10 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _s(f"{CHAT}.serving", "OpenAIServingChat.chat_completion_stream_generator",
            "async for res in result_generator", "for output in res.outputs",
            "i = output.index", 'yield f"data: {data}'),
+        # chunks built from a result before its outputs are read: the role chunk (and
+        # echo's), from the first result only (`StreamMasks`' `ahead`)
+        _s(f"{CHAT}.serving", "OpenAIServingChat.chat_completion_stream_generator",
+           "if first_iteration:", "first_iteration = False"),
         _s(f"{CHAT}.serving", "OpenAIServingChat.chat_completion_full_generator",
            "index=output.index"),
         _s(f"{CHAT}.api_router", "create_chat_completion",

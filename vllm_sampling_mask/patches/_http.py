@@ -377,11 +377,13 @@ class StreamMasks:
     to the chunks upstream builds from them.
 
     `watch` re-yields the result generator upstream's stream generator consumes;
-    when upstream starts on a result's `CompletionOutput`s (`for output in
-    res.outputs`), their supports become pending, each under its chunk choice
-    index (`output.index + prompt index * stride`). Each output of a result has a
-    choice of its own, so all of them go at once, and never before a chunk
-    upstream builds ahead of them (the chat role chunk). `chunks` re-yields
+    as it hands a result on, the supports of its `CompletionOutput`s become
+    pending, each under its chunk choice index (`output.index + prompt index *
+    stride`). Each output of a result has a choice of its own, so all of them go
+    at once. The first result of a route that builds chunks from it before its
+    outputs (`ahead`: chat's role chunk and echo) hands its supports on only
+    when upstream starts on its outputs (`for output in res.outputs`,
+    `_Reached`), so those chunks get none. `chunks` re-yields
     upstream's `data: {...}` events and sets `sampling_mask` on every chunk
     choice to what is pending for it: the supports of the tokens of the output
     upstream is building that chunk from (the chunk's own `token_ids`), with
@@ -407,7 +409,7 @@ class StreamMasks:
 
     def __init__(self, stride: int = 0, indexed: bool = False, packed: bool = False,
                  logprobs: bool = False, asked: bool | None = None,
-                 choices: int = 0) -> None:
+                 choices: int = 0, ahead: bool = False) -> None:
         # a chunk's choice index: the output's index + its prompt's index * stride
         self._stride = stride
         self._indexed = indexed  # results are (prompt index, RequestOutput) pairs
@@ -419,15 +421,17 @@ class StreamMasks:
         self._logprobs = logprobs  # `return_sampling_mask_logprobs: true`
         self._unasked = asked is False and not logprobs  # no mask can come
         self._one_choice = choices == 1   # the stream's choices in all (0: not known)
+        # upstream builds chunks from the first result before it reads its outputs
+        self._ahead = ahead
 
     @classmethod
     def of(cls, request, stride: int = 0, indexed: bool = False,
-           choices: int = 0) -> StreamMasks:
+           choices: int = 0, ahead: bool = False) -> StreamMasks:
         """The hand-off of `request`'s stream, in the format and with the fields its
         body asked for."""
         return cls(stride, indexed, packed=packed_format(request),
                    logprobs=asks_logprobs(request), asked=request.return_sampling_mask,
-                   choices=choices)
+                   choices=choices, ahead=ahead)
 
     def watch(self, results: AsyncIterator) -> AsyncIterator:
         return results if self._unasked else self._watching(results)
@@ -444,8 +448,12 @@ class StreamMasks:
                     if completion.sampling_mask is not None:
                         self._masked = True
                 else:
-                    res.outputs = _Reached(outputs)
-                    res.outputs.reach = self, prompt
+                    if self._ahead:   # chunks come from it first: reach when read
+                        self._ahead = False
+                        res.outputs = _Reached(outputs)
+                        res.outputs.reach = self, prompt
+                    else:
+                        self._reach(prompt, outputs)
                     yield item
                     continue
                 served = _before_error(res)

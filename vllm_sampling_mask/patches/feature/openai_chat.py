@@ -43,6 +43,7 @@ def apply(module, release: Release) -> None:
         if not serving_mask_enabled(self):
             return wrapped(*args, **kwargs)
         request = argument(wrapped, args, kwargs, "request")
-        masks = StreamMasks.of(request, choices=request.n or 1)
+        # the role chunk (and echo's) come from the first result before its outputs
+        masks = StreamMasks.of(request, choices=request.n or 1, ahead=True)
         args, kwargs = with_argument(wrapped, args, kwargs, "result_generator", masks.watch)
         return masks.chunks(wrapped(*args, **kwargs))
