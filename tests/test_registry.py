@@ -10,7 +10,7 @@ import pytest
 
 from vllm_sampling_mask import SUPPORTED_VLLM
 from vllm_sampling_mask.patches import REGISTRY, Kind, Patch
-from vllm_sampling_mask.patches._wrap import argument, with_argument
+from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps, wraps_method
 from vllm_sampling_mask.releases import RELEASES
 
 
@@ -116,6 +116,36 @@ def test_argument_reads_a_call_by_the_wrapped_signature():
     assert bound(*args, **kwargs) == (1, "4", 3)
     args, kwargs = with_argument(_Upstream.method, (None, 1), {}, "first", lambda v: -v)
     assert _Upstream.method(*args, **kwargs) == (-1, 2, 3)
+
+
+def test_a_per_token_method_has_one_plain_wrapper():
+    """`wraps_method` calls its wrapper as `wraps` does, keeps the original as
+    `__wrapped__`, and stacks with no other wrapper, either way round."""
+    class Upstream:
+        def method(self, first, second=2):
+            return first, second
+
+        @classmethod
+        def made(cls):
+            return cls
+
+    module = type("module", (), {"Upstream": Upstream})
+    original, seen = Upstream.method, []
+
+    @wraps_method(module, "Upstream.method")
+    def method(wrapped, instance, args, kwargs):
+        seen.append((instance, argument(wrapped, args, kwargs, "second")))
+        return wrapped(*args, **kwargs)[::-1]
+
+    one = Upstream()
+    assert one.method(1, second=5) == (5, 1) and seen == [(one, 5)]
+    assert Upstream.method.__wrapped__ is original
+    assert Upstream.method.__name__ == "method"
+    for refused in ("Upstream.method", "Upstream.made"):   # wrapped, or not a plain method
+        with pytest.raises(TypeError, match="use wraps"):
+            wraps_method(module, refused)
+    with pytest.raises(TypeError, match="stacks with nothing"):
+        wraps(module, "Upstream.method")(method)
 
 
 # The seams the runners' adapters to `SamplingMaskState` rely on (beside

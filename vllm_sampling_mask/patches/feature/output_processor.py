@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from vllm_sampling_mask.accumulator import MaskAccumulator
 from vllm_sampling_mask.errors import MissingSamplingMaskError
-from vllm_sampling_mask.patches._wrap import argument, wraps
+from vllm_sampling_mask.patches._wrap import argument, wraps, wraps_method
 from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.validation import wants_mask, wants_support_logprobs
 
@@ -81,7 +81,7 @@ def apply(module, release: Release) -> None:
                                             out.sampling_mask_log_kept)
         return wrapped(*args, **kwargs)
 
-    @wraps(module, "RequestState._new_completion_output")
+    @wraps_method(module, "RequestState._new_completion_output")   # per token
     def _new_completion_output(wrapped, self, args, kwargs):
         output = wrapped(*args, **kwargs)
         acc = self.sampling_masks
