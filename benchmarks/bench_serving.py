@@ -74,7 +74,9 @@ as cumulative and final outputs need, read with `mask`); `output processor, 32 a
 the output processor's per-step take of each output's supports before upstream's
 (the `output_processor` patch's wrapper of `process_outputs`, over stand-ins of
 upstream's classes that do nothing: steps of 32 outputs of one token, every request a
-full response's); `masked: hand-off`, the stream hand-off
+full response's); `output processor, streams`, the same for streams, whose stand-in
+builds each request's output as upstream's does (`_new_completion_output`: its
+wrapper reads the delta's mask, `newest`); `masked: hand-off`, the stream hand-off
 (`StreamMasks.watch` on the results, `chunks` on the events, the opened stream) taking
 that mask for the chunk's choice and writing it, as lists, into upstream's chunk event
 (a `/v1/completions` chunk of one token, a stream of one choice as the route tells the
@@ -564,11 +566,14 @@ def hand_off(tokens: int = 2000, size: int = 24, repeat: int = 7) -> dict:
                     acc.mask(t, t + 1)
         return run
 
-    def output_processor(batch: int = 32):
+    def output_processor(batch: int = 32, stream: bool = False):
         """The output processor's per-step take of the supports (the package's
         `output_processor` patch applied to stand-ins of upstream's two classes,
         whose own `process_outputs` does nothing): steps of `batch` outputs of one
-        token each, every request a full response's (its accumulator keeps them)."""
+        token each, every request a full response's (its accumulator keeps them).
+        `stream`: every request a stream's (DELTA), and the stand-in's
+        `process_outputs` builds each request's output (`_new_completion_output`,
+        whose wrapper reads the delta's mask) as upstream's does."""
         import types
 
         from vllm.sampling_params import RequestOutputKind
@@ -576,25 +581,31 @@ def hand_off(tokens: int = 2000, size: int = 24, repeat: int = 7) -> dict:
         from vllm_sampling_mask.patches.feature import output_processor as patch
         from vllm_sampling_mask.validation import MASK_ARG
 
+        kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
+
         class RequestState:
-            output_kind = RequestOutputKind.FINAL_ONLY
+            output_kind = kind
 
             @classmethod
             def from_new_request(cls, request):
                 return cls()
 
-            def _new_completion_output(self):
-                pass
+            def _new_completion_output(self, token_ids):
+                return SimpleNamespace(token_ids=token_ids, sampling_mask=None,
+                                       sampling_mask_error=None, sampling_mask_reason=None)
 
         class OutputProcessor:
             def process_outputs(self, engine_core_outputs):
-                pass
+                if stream:
+                    states = self.request_states
+                    for out in engine_core_outputs:
+                        states[out.request_id]._new_completion_output(out.new_token_ids)
 
         module = types.ModuleType("output_processor_stand_in")
         module.RequestState, module.OutputProcessor = RequestState, OutputProcessor
         patch.apply(module, None)
         request = SimpleNamespace(sampling_params=SimpleNamespace(
-            output_kind=RequestOutputKind.FINAL_ONLY, extra_args={MASK_ARG: True}))
+            output_kind=kind, extra_args={MASK_ARG: True}))
         step = [SimpleNamespace(request_id=str(i), new_token_ids=[1], sampling_mask_ids=ids,
                                 sampling_mask_counts=counts, sampling_mask_logprobs=None,
                                 sampling_mask_log_kept=None, sampling_mask_reason=None,
@@ -643,6 +654,7 @@ def hand_off(tokens: int = 2000, size: int = 24, repeat: int = 7) -> dict:
     paths = {"accumulator, stream": accumulator(False),
              "accumulator, kept": accumulator(True),
              "output processor, 32 a step": output_processor(32),
+             "output processor, streams": output_processor(32, stream=True),
              "upstream's loop alone": stream(None, False),
              "with hand-off, masked": stream(StreamMasks(indexed=True, **one), True),
              "with hand-off, packed": stream(StreamMasks(indexed=True, packed=True, **one),
@@ -656,7 +668,8 @@ def hand_off(tokens: int = 2000, size: int = 24, repeat: int = 7) -> dict:
             path()
             best[name] = min(best[name], time.process_time() - t0)
     per_token = {name: t / tokens * 1e6 for name, t in best.items()}
-    per_token["output processor, 32 a step"] *= tokens / (tokens // 32 * 32)
+    for name in ("output processor, 32 a step", "output processor, streams"):
+        per_token[name] *= tokens / (tokens // 32 * 32)
     alone = per_token.pop("upstream's loop alone")
     row = {f"{name} us/token": round(t, 2) for name, t in per_token.items()
            if name.startswith(("accumulator", "output processor"))}
