@@ -43,8 +43,8 @@ def wraps_method(module, name: str):
     per request and step): the wrapper is called as with `wraps`, `(wrapped, self,
     args, kwargs)`, from a plain function that replaces the method (its
     `__wrapped__` the original), without wrapt's bound wrapper between. That is
-    about half a microsecond a call less in a tight loop (`python
-    benchmarks/bench_serving.py --hand-off`, the output processor's path). Only for
+    about 0.4 us a call less in a tight loop (`python
+    benchmarks/bench_serving.py --hand-off`, `output processor, streams`). Only for
     a method defined as a plain function (not a classmethod, staticmethod or
     other descriptor), and its only wrapper: it stacks with nothing, either way
     round (tests/test_registry.py reads the stacks wrapt records)."""
