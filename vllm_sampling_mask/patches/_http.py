@@ -450,8 +450,7 @@ class StreamMasks:
                 else:
                     if self._ahead:   # chunks come from it first: reach when read
                         self._ahead = False
-                        res.outputs = _Reached(outputs)
-                        res.outputs.reach = self, prompt
+                        item = self._handing(prompt, res)
                     else:
                         self._reach(prompt, outputs)
                     yield item
