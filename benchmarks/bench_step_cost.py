@@ -53,7 +53,7 @@ The protocol the step-cost goal is judged by (docs/sampling_mask.md, "Cost"):
     python benchmarks/bench_step_cost.py --models demo --batches 32 --pairs 9
     python benchmarks/bench_step_cost.py --models demo --batches 32 --both-off   # the check
     python benchmarks/bench_step_cost.py --models demo --batches 32 --unasked
-    python benchmarks/bench_step_cost.py --json docs/step_cost_0.32.0.json
+    python benchmarks/bench_step_cost.py --json benchmarks/results/step_cost/demo-0.32.0.json
     python benchmarks/bench_step_cost.py --models demo --speculative draft_model --goal 0.95
     python benchmarks/bench_step_cost.py --models demo --batches 8 --cpu --no-support
     python benchmarks/bench_step_cost.py --models demo --batches 8 --timers --no-support
