@@ -296,6 +296,91 @@ def test_from_hidden_singletons_and_empty(kernel):
 # Bad input
 # ---------------------------------------------------------------------------
 
+# ---------------------------------------------------------------------------
+# empty_support="full": a token without a mask takes the full softmax
+# ---------------------------------------------------------------------------
+
+def unmasked_reference(logits, tok, rows, temperature):
+    """Each row over its support, an empty row over the whole vocabulary (float64)."""
+    return dense_reference(logits, tok, [r if r else range(logits.shape[1]) for r in rows],
+                           temperature)
+
+
+EMPTY_ROWS = (0, 4, 5, 11, 22)   # the first, two in a row, one in the middle, the last
+
+
+@pytest.mark.parametrize("temperature", [0.7, "per-token"])
+def test_empty_support_full_takes_the_full_softmax_on_those_rows(temperature):
+    logits, tok, rows = random_case(T=23, V=97, seed=21, dtype=torch.float64)
+    rows = [[] if t in EMPTY_ROWS else r for t, r in enumerate(rows)]
+    if temperature == "per-token":
+        temperature = torch.linspace(0.5, 1.5, 23, dtype=torch.float64)
+    mask = SamplingMask.from_lists(rows)
+    x = logits.clone().requires_grad_()
+    out = nucleus_logprobs(x, tok, mask, temperature, empty_support="full")
+    ref_x = logits.clone().requires_grad_()
+    ref = unmasked_reference(ref_x, tok, rows, temperature)
+    assert torch.allclose(out, ref, atol=1e-12)
+    assert torch.allclose(out[list(EMPTY_ROWS)],
+                          full_logprobs(logits, tok, temperature)[list(EMPTY_ROWS)], atol=1e-12)
+    weights = torch.randn(23, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    (out * weights).sum().backward()
+    (ref * weights).sum().backward()
+    assert torch.allclose(x.grad, ref_x.grad, atol=1e-12)
+    # an empty row's gradient reaches every id; a masked row's only its support
+    assert (x.grad[4] != 0).all()
+    assert (x.grad[1] != 0).sum() == len(rows[1]) or len(rows[1]) == 1
+
+
+def test_empty_support_full_from_hidden_matches_logits_path(kernel):
+    hidden, weight, bias, tok, rows = hidden_case(dtype=torch.float64)
+    rows = [[] if t in (0, 3, 18) else r for t, r in enumerate(rows)]
+    mask = SamplingMask.from_lists(rows)
+    h, w, b = (t.clone().requires_grad_() for t in (hidden, weight, bias))
+    out = nucleus_logprobs_from_hidden(h, w, tok, mask, 0.8, bias=b, empty_support="full")
+    h2, w2, b2 = (t.clone().requires_grad_() for t in (hidden, weight, bias))
+    ref = unmasked_reference(h2 @ w2.T + b2, tok, rows, 0.8)
+    assert torch.allclose(out, ref, atol=1e-10)
+    out.sum().backward()
+    ref.sum().backward()
+    for got, want in ((h, h2), (w, w2), (b, b2)):
+        assert torch.allclose(got.grad, want.grad, atol=1e-10)
+    assert torch.autograd.gradcheck(
+        lambda h, w: nucleus_logprobs_from_hidden(h, w, tok, mask, 0.8, empty_support="full"),
+        (hidden[:, :4].clone().requires_grad_(), weight[:, :4].clone().requires_grad_()))
+
+
+def test_empty_support_full_with_every_row_empty_is_full_logprobs():
+    logits, tok, _ = random_case(T=6, V=13, seed=5)
+    mask = SamplingMask.from_lists([[]] * 6)
+    out = nucleus_logprobs(logits, tok, mask, 1.3, empty_support="full", validate=False)
+    assert torch.allclose(out, full_logprobs(logits, tok, 1.3), atol=1e-6)
+
+
+def test_empty_support_full_without_empty_rows_is_the_default():
+    logits, tok, rows = random_case(seed=8)
+    mask = SamplingMask.from_lists(rows)
+    assert torch.equal(nucleus_logprobs(logits, tok, mask, empty_support="full"),
+                       nucleus_logprobs(logits, tok, mask))
+
+
+def test_empty_support_default_refuses_naming_the_option():
+    logits, tok, rows = random_case(T=5, seed=9)
+    rows[3] = []
+    with pytest.raises(ValueError, match=r"empty support at token t=3.*empty_support=\"full\""):
+        nucleus_logprobs(logits, tok, SamplingMask.from_lists(rows))
+    with pytest.raises(ValueError, match=r"empty_support must be one of \('error', 'full'\)"):
+        nucleus_logprobs(logits, tok, SamplingMask.from_lists(rows), empty_support="skip")
+
+
+def test_empty_support_full_still_checks_the_other_rows():
+    logits, tok, rows = random_case(T=5, seed=10)
+    rows[1] = []
+    rows[2] = [r for r in rows[2] if r != int(tok[2])] or [int(tok[2]) ^ 1]
+    with pytest.raises(ValueError, match=r"sampled token .* at token t=2 is not inside"):
+        nucleus_logprobs(logits, tok, SamplingMask.from_lists(rows), empty_support="full")
+
+
 def valid_small():
     logits = torch.randn(4, 10)
     tok = torch.tensor([1, 2, 3, 4])

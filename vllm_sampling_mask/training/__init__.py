@@ -86,7 +86,9 @@ raises ``ValueError`` naming the token position ``t``:
 
 * length mismatches between logits / hidden, token_ids and the mask;
 * offsets not starting at 0, decreasing, or not ending at ``len(ids)``;
-* an empty support; an id outside ``[0, V)``; an id listed twice in a support;
+* an empty support (unless ``empty_support="full"``: such a token has no mask,
+  and its log-probability is the full softmax's); an id outside ``[0, V)``; an
+  id listed twice in a support;
 * a sampled token outside ``[0, V)`` or not inside its support;
 * a non-positive (or NaN / infinite) temperature.
 

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from .inputs import MaskLike, Temperature, compute_dtype, prepare
+from .logits import full_rows
 from .segments import segment_logsumexp
 
 __all__ = [
@@ -347,7 +348,8 @@ def nucleus_logprobs_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Ten
                                  temperature: Temperature = 1.0,
                                  bias: Optional[torch.Tensor] = None, *,
                                  validate: bool = True,
-                                 chunk_size: Optional[int] = None) -> torch.Tensor:
+                                 chunk_size: Optional[int] = None,
+                                 empty_support: str = "error") -> torch.Tensor:
     """:func:`nucleus_logprobs` of ``hidden @ lm_head_weight.T (+ bias)``, without the logits.
 
     Only the logits on each support (and of each sampled token) are computed:
@@ -357,7 +359,9 @@ def nucleus_logprobs_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Ten
         hidden: ``[T, H]`` final hidden states at the positions that produced
             the T generated tokens.
         lm_head_weight: ``[V, H]`` output projection (tied embeddings work).
-        token_ids, mask, temperature, validate: as in :func:`nucleus_logprobs`.
+        token_ids, mask, temperature, validate, empty_support: as in
+            :func:`nucleus_logprobs` (with ``"full"``, the E tokens without a
+            mask get their ``[E, V]`` logits formed densely).
         bias: optional ``[V]`` output bias.
         chunk_size: vocabulary rows converted to the compute dtype at once,
             and weight rows gathered per step by the non-CPU kernel.
@@ -391,7 +395,7 @@ def nucleus_logprobs_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Ten
         raise ValueError(f"chunk_size must be a positive integer (got {chunk_size})")
     device = hidden.device
     cdt = compute_dtype(hidden, lm_head_weight, bias)
-    pr = prepare(T, V, token_ids, mask, temperature, device, cdt, validate)
+    pr = prepare(T, V, token_ids, mask, temperature, device, cdt, validate, empty_support)
     kernel = _kernel(device)
     budget_rows = max(1, _DEFAULT_CHUNK_BYTES // (4 * max(H, 1)))
     if chunk_size is not None:
@@ -402,5 +406,11 @@ def nucleus_logprobs_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Ten
         chunk = budget_rows
     layout = build_layout(pr.ids, pr.offsets, pr.seg, pr.tok, T, V, chunk)
     pair_chunk = max(1, min(chunk, budget_rows) // 2)
-    return _NucleusFromHidden.apply(hidden, lm_head_weight, bias, layout, pr.temp,
-                                    pr.temp_scalar, kernel, pair_chunk)
+    out = _NucleusFromHidden.apply(hidden, lm_head_weight, bias, layout, pr.temp,
+                                   pr.temp_scalar, kernel, pair_chunk)
+    if pr.unmasked is None:
+        return out
+    rows = pr.unmasked
+    z = F.linear(hidden.index_select(0, rows).to(cdt), lm_head_weight.to(cdt),
+                 None if bias is None else bias.to(cdt))
+    return full_rows(out, rows, z / pr.temp[rows, None], pr.tok)

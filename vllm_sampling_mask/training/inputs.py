@@ -24,6 +24,7 @@ from vllm_sampling_mask.sampling_mask import SamplingMask
 from .segments import segment_ids
 
 __all__ = [
+    "EMPTY_SUPPORT_MODES",
     "MaskLike",
     "Prepared",
     "Temperature",
@@ -42,6 +43,10 @@ __all__ = [
 
 Temperature = Union[float, int, torch.Tensor]
 MaskLike = Any  # SamplingMask, or a pair (ids, offsets) of tensors / arrays
+
+# What an empty support means: "error" (a ValueError naming the token) or "full" (the
+# token has no mask: its log-probability is taken over the full softmax).
+EMPTY_SUPPORT_MODES = ("error", "full")
 
 
 def to_index_tensor(x, name: str, device: torch.device, keep_int32: bool = False
@@ -147,8 +152,9 @@ def first_true(cond: torch.Tensor) -> torch.Tensor:
         return torch.full((), -1, dtype=torch.int64, device=cond.device)
     return torch.where(cond.any(), cond.to(torch.uint8).argmax(), -1)
 
-def check_offsets(offsets: torch.Tensor, T: int, N: int) -> None:
-    """One host sync: offsets start at 0, never decrease, end at N; no empty support."""
+def check_offsets(offsets: torch.Tensor, T: int, N: int, allow_empty: bool = False) -> None:
+    """One host sync: offsets start at 0, never decrease, end at N; no empty support
+    unless ``allow_empty``."""
     counts = offsets[1:] - offsets[:-1]
     summary = torch.stack([
         offsets[0], offsets[-1], first_true(counts < 0), first_true(counts == 0)]).tolist()
@@ -161,9 +167,10 @@ def check_offsets(offsets: torch.Tensor, T: int, N: int) -> None:
             f"at token t={t_dec}")
     if end != N:
         raise ValueError(f"mask offsets must end at len(ids)={N} (got offsets[-1]={end})")
-    if t_empty >= 0:
+    if t_empty >= 0 and not allow_empty:
         raise ValueError(f"empty support at token t={t_empty} "
-                         "(offsets[t] == offsets[t + 1])")
+                         "(offsets[t] == offsets[t + 1]); pass empty_support=\"full\" if "
+                         "an empty support means the token has no mask (full softmax)")
 
 
 def check_contents(ids: torch.Tensor, seg: torch.Tensor, key: torch.Tensor,
@@ -218,7 +225,9 @@ class Prepared(NamedTuple):
     """The normalised inputs of one call, on the compute device.
 
     Attributes:
-        ids: ``[N]`` mask ids, int64 (int32 kept as given).
+        ids: ``[N]`` mask ids, int64 (int32 kept as given); with
+            ``empty_support="full"`` each empty support holds its sampled token
+            alone (a stand-in whose value the op's caller replaces).
         offsets: ``[T + 1]`` int64 support boundaries.
         seg: ``[N]`` int64 token position of each id (:func:`segment_ids`).
         key: ``[N]`` int64 flat keys ``seg * V + ids`` when validation built
@@ -227,6 +236,9 @@ class Prepared(NamedTuple):
         temp: ``[T]`` temperature in the compute dtype (float32 / float64).
         temp_scalar: the temperature as a Python float when it was given as
             a number (a cheaper scalar division), ``None`` for a tensor.
+        unmasked: ``[E]`` int64 positions whose support was empty under
+            ``empty_support="full"`` (their log-probability is the full
+            softmax's: :func:`full_rows`), ``None`` when there are none.
     """
 
     ids: torch.Tensor
@@ -236,11 +248,41 @@ class Prepared(NamedTuple):
     tok: torch.Tensor
     temp: torch.Tensor
     temp_scalar: Optional[float]
+    unmasked: Optional[torch.Tensor] = None
+
+
+def fill_empty_supports(ids: torch.Tensor, offsets: torch.Tensor, tok: torch.Tensor,
+                        T: int) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """Give each empty support its sampled token alone, as ``(ids, offsets, rows)``.
+
+    ``rows`` are the positions that were empty (``None``, and the mask unchanged,
+    when none was).  A support of one id gives the op the value 0 and exactly zero
+    gradient at that position, so the caller can put the full softmax's value there.
+    One host synchronisation (whether any support is empty).
+    """
+    counts = offsets[1:] - offsets[:-1]
+    empty = counts == 0
+    rows = torch.nonzero(empty).squeeze(1)                     # the one sync
+    if rows.numel() == 0:
+        return ids, offsets, None
+    new_counts = counts + empty.to(counts.dtype)
+    new_offsets = torch.zeros_like(offsets)
+    torch.cumsum(new_counts, 0, out=new_offsets[1:])
+    N = ids.numel()
+    seg = segment_ids(offsets, T, N)
+    new_ids = torch.empty(N + rows.numel(), dtype=ids.dtype, device=ids.device)
+    new_ids[torch.arange(N, device=ids.device) - offsets[seg] + new_offsets[seg]] = ids
+    new_ids[new_offsets[rows]] = tok[rows].to(ids.dtype)
+    return new_ids, new_offsets, rows
 
 
 def prepare(T: int, V: int, token_ids, mask: MaskLike, temperature: Temperature,
-            device: torch.device, cdt: torch.dtype, validate: bool) -> Prepared:
+            device: torch.device, cdt: torch.dtype, validate: bool,
+            empty_support: str = "error") -> Prepared:
     """Normalise and (optionally) validate the mask, tokens and temperature."""
+    if empty_support not in EMPTY_SUPPORT_MODES:
+        raise ValueError(f"empty_support must be one of {EMPTY_SUPPORT_MODES} "
+                         f"(got {empty_support!r})")
     raw_ids, raw_offsets = mask_parts(mask)
     ids = to_index_tensor(raw_ids, "mask ids", device, keep_int32=True)
     offsets = to_index_tensor(raw_offsets, "mask offsets", device)
@@ -251,12 +293,17 @@ def prepare(T: int, V: int, token_ids, mask: MaskLike, temperature: Temperature,
     temp = temperature_tensor(temperature, T, device, cdt, validate)
     temp_scalar = None if isinstance(temperature, torch.Tensor) else float(temperature)
     N = ids.numel()
+    full = empty_support == "full"
     if validate:
-        check_offsets(offsets, T, N)
+        check_offsets(offsets, T, N, allow_empty=full)
+    unmasked = None
+    if full and T:
+        ids, offsets, unmasked = fill_empty_supports(ids, offsets, tok, T)
+        N = ids.numel()
     seg = segment_ids(offsets, T, N)
     key = None
     if validate and T:
         key = seg * V + ids
         check_contents(ids, seg, key, tok, temp, V, T)
     return Prepared(ids=ids, offsets=offsets, seg=seg, key=key, tok=tok, temp=temp,
-                    temp_scalar=temp_scalar)
+                    temp_scalar=temp_scalar, unmasked=unmasked)

@@ -32,7 +32,17 @@ from .inputs import (
 )
 from .segments import flat_index, flat_view, segment_logsumexp
 
-__all__ = ["full_logprobs", "nucleus_logprobs"]
+__all__ = ["full_logprobs", "full_rows", "nucleus_logprobs"]
+
+
+def full_rows(out: torch.Tensor, rows: torch.Tensor, z: torch.Tensor,
+              tok: torch.Tensor) -> torch.Tensor:
+    """``out`` with positions ``rows`` replaced by the full softmax's log-probability
+    of their sampled token, from their tempered logits ``z`` (``[E, V]``, the
+    compute dtype).  Out of place: the gradient reaching ``out`` at those positions
+    is zero, and theirs flows through ``z``."""
+    full = z.gather(1, tok[rows, None]).squeeze(1) - torch.logsumexp(z, dim=1)
+    return out.index_put((rows,), full)
 
 
 class _NucleusFromLogits(torch.autograd.Function):
@@ -86,8 +96,8 @@ class _NucleusFromLogits(torch.autograd.Function):
 
 
 def nucleus_logprobs(logits: torch.Tensor, token_ids, mask: MaskLike,
-                     temperature: Temperature = 1.0, *, validate: bool = True
-                     ) -> torch.Tensor:
+                     temperature: Temperature = 1.0, *, validate: bool = True,
+                     empty_support: str = "error") -> torch.Tensor:
     """Log-probability of each sampled token under its sampling support.
 
     ``out[t] = logits[t, a_t] / temp_t - logsumexp(logits[t, S_t] / temp_t)``
@@ -104,6 +114,13 @@ def nucleus_logprobs(logits: torch.Tensor, token_ids, mask: MaskLike,
             before normalising, as the sampler did.  No gradient flows to it.
         validate: check the inputs (vectorised, at most two host syncs);
             ``False`` in the hot loop once the data pipeline is trusted.
+        empty_support: what an empty support means.  ``"error"`` (the
+            default): a ``ValueError`` naming the token.  ``"full"``: the token
+            has no mask (a token the engine did not sample, such as tool output,
+            or one whose mask was dropped), so its log-probability is taken
+            over the full softmax, as prime-rl, verifiers and SkyRL read an
+            empty row.  Costs one host sync, and a dense ``[E, V]`` block for
+            the E such tokens.
 
     Returns:
         ``[T]`` float32 tensor (float64 for float64 logits), differentiable
@@ -120,9 +137,15 @@ def nucleus_logprobs(logits: torch.Tensor, token_ids, mask: MaskLike,
         raise ValueError(f"logits must be a floating tensor (got {logits.dtype})")
     T, V = logits.shape
     cdt = compute_dtype(logits)
-    pr = prepare(T, V, token_ids, mask, temperature, logits.device, cdt, validate)
-    return _NucleusFromLogits.apply(logits, pr.seg, pr.ids, pr.key, pr.tok, pr.temp,
-                                    pr.temp_scalar)
+    pr = prepare(T, V, token_ids, mask, temperature, logits.device, cdt, validate,
+                 empty_support)
+    out = _NucleusFromLogits.apply(logits, pr.seg, pr.ids, pr.key, pr.tok, pr.temp,
+                                   pr.temp_scalar)
+    if pr.unmasked is None:
+        return out
+    rows = pr.unmasked
+    return full_rows(out, rows, logits.index_select(0, rows).to(cdt) / pr.temp[rows, None],
+                     pr.tok)
 
 
 def full_logprobs(logits: torch.Tensor, token_ids, temperature: Temperature = 1.0, *,
