@@ -23,7 +23,7 @@ ROLE_NAMES = {"app": "build_app", "app_state": "init_app_state",
               "cli_args": "make_arg_parser", "error_response": "ErrorResponse",
               "validation_handler": "validation_exception_handler",
               "generate_protocol": "GenerateRequest", "generate_serving": "ServingTokens",
-              "generate_router": "router"}
+              "generate_router": "router", "auth": "AuthenticationMiddleware"}
 
 
 def test_releases_are_listed_oldest_first_each_once():

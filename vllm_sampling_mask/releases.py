@@ -156,6 +156,8 @@ V0_24 = Release(
         "error_response": "vllm.entrypoints.openai.engine.protocol",
         # where `build_app` registers the schema-error handler the overlay rewrites
         "validation_handler": "vllm.entrypoints.openai.api_server",
+        # the `--api-key` middleware (`AuthenticationMiddleware`)
+        "auth": "vllm.entrypoints.serve.utils.server_utils",
         # the token-in/token-out route `/inference/v1/generate`
         **_generate_route("vllm.entrypoints.serve.disagg"),
     }),
@@ -212,7 +214,8 @@ V0_29 = _after(
     modules={"app": "vllm.entrypoints.launchers.app",
              "app_state": "vllm.entrypoints.launchers.api_server.app_state",
              "cli_args": "vllm.entrypoints.launchers.cli_args",
-             "error_response": "vllm.entrypoints.serve.engine.protocol"},
+             "error_response": "vllm.entrypoints.serve.engine.protocol",
+             "auth": "vllm.entrypoints.serve.middleware.authenticate"},
     generate_n_unstreamed_bug=False,
 )
 

@@ -270,6 +270,13 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _s("vllm.model_executor.layers.utils", "dispatch_cpu_unquantized_gemm",
            "layer.cpu_linear = "),
     ),
+    "rl_routes_auth": (
+        _f("{auth}", "AuthenticationMiddleware.__call__", "self", "scope", "receive", "send"),
+        _f("{auth}", "AuthenticationMiddleware.verify_token", "self", "headers"),
+        _s("{auth}", "AuthenticationMiddleware.__call__",
+           "url_path.startswith(GUARDED_PREFIX) and not self.verify_token(headers)",
+           'JSONResponse(content={"error": "Unauthorized"}, status_code=401)'),
+    ),
     "cpu_lora_base_rows": (
         _f(LORA_OPS, "bgmv_shrink", "inputs", "lora_b_weights", "output_tensor",
            "lora_indices_tensor", "scaling"),

@@ -161,6 +161,11 @@ _RECORDS = (
           NONE_KNOWN + "a refused streamed request logs a 29-line traceback "
           "('Error in completion stream generator') for a clean HTTP 400",
           "upstream's stream generators log client errors without a traceback"),
+    Patch("rl_routes_auth", ("{auth}",), API, X,
+          NONE_KNOWN + "--api-key guards only the /v1, /v2, /inference (/cohere) "
+          "prefixes: the dev-mode RL routes (/pause, /resume, /collective_rpc, weight "
+          "updates, cache resets) run for any caller",
+          "upstream's authentication middleware guards the dev-mode and RL routes"),
     # -- CPU / Triton-interpreter enablers ------------------------------------
     Patch("cpu_verify_expand", (REJECTION,), WORKER, X,
           NONE_KNOWN + "CPU `_expand_kernel_impl` writes into an int64 copy of its "
