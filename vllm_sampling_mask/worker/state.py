@@ -83,8 +83,8 @@ class SamplingMaskState:
         runner's decode steps, most of its steps) with no row discarded takes
         the plan of the last such step as it is: the rows, their top-k and
         switches change only with the batch updates `requests.version` counts.
-        Each array operation costs several microseconds inside a step (docs/
-        sampling_mask.md, "Cost"), and a plan is a dozen."""
+        Each array operation costs several microseconds inside a step (`python
+        benchmarks/bench_step_cost.py --timers`), and a plan is a dozen."""
         steady = isinstance(slots, slice) and (discarded is None
                                                 or not np.count_nonzero(discarded))
         if steady:
