@@ -14,10 +14,18 @@ DEBUG_STATE = "VLLM_SAMPLING_MASK_DEBUG_STATE"
 # VLLM_SAMPLING_MASK_TRITON_TOPK=1: under the interpreter, run vLLM's Triton
 # top-k/top-p kernel on CPU tensors instead of the PyTorch path.
 TRITON_TOPK = "VLLM_SAMPLING_MASK_TRITON_TOPK"
+# VLLM_SAMPLING_MASK_RETURN=1: every engine the process builds starts as if
+# `return_sampling_mask=True` had been passed (`LLM(...)`, `EngineArgs`, `vllm serve`):
+# the way in for a framework that builds `LLM(...)` itself with fixed arguments.
+RETURN = "VLLM_SAMPLING_MASK_RETURN"
 
 
 def overlay_disabled() -> bool:
     return os.environ.get(DISABLE, "") in _TRUE
+
+
+def return_mask_from_env() -> bool:
+    return os.environ.get(RETURN, "") in _TRUE
 
 
 def debug_state_enabled() -> bool:

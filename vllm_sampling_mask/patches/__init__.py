@@ -124,6 +124,12 @@ _RECORDS = (
           "that loads no weight)",
           "upstream's layerwise reload re-processes a layer whose kernel tensors another "
           "layer's load wrote into, or the CPU LM head reads its weight at call time"),
+    Patch("cpu_colocated_load_weights", ("vllm.v1.worker.gpu_worker",), WORKER, X,
+          NONE_KNOWN + "CPU: model.load_weights after load fails with 'Parameter' object "
+          "has no attribute 'weight_loader' (the CPU GEMM dispatch removes the weight), "
+          "so a colocated trainer (TRL) cannot sync weights",
+          "upstream's load_weights on a loaded CPU model reloads through the layerwise "
+          "path, or the CPU GEMM keeps a loadable weight and repacks it"),
     Patch("cpu_lora_base_rows", ("vllm.lora.ops.torch_ops.lora_ops",), WORKER, X,
           "vLLM #48421, #49656 (the PyTorch LoRA ops index a no-adapter row's -1 as the "
           "last adapter slot; 0.33.0's ops clamp the index and zero those rows)",

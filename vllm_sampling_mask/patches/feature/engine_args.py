@@ -15,6 +15,10 @@ What: adds the dataclass fields `return_sampling_mask: bool = False` (0.27.1;
     under (`validation.startup_errors`), with one ValueError listing each
     reason and its fix (in the `vllm` command, where nothing catches it, the
     process ends with that one line, `vllm serve: error: ...`, exit code 1).
+    With `VLLM_SAMPLING_MASK_RETURN=1` in the environment, `create_engine_config`
+    starts every engine as if `return_sampling_mask=True` had been passed: the way in
+    for a framework that builds `LLM(...)` itself with fixed arguments (TRL's
+    colocate mode).
 Why: `LLM.__init__` passes unknown keywords straight into `EngineArgs`, which
     fails before any vLLM plugin loads, and `ModelConfig` forbids unknown
     constructor arguments; `create_engine_config` is the one point both `LLM`
@@ -31,6 +35,7 @@ import argparse
 
 from vllm_sampling_mask.patches._dataclass import add_field
 from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.config import return_mask_from_env
 from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.validation import DEFAULT_MAX_SIZE, EngineMaskSettings, startup_errors
 
@@ -100,6 +105,8 @@ def apply(module, release: Release) -> None:
 
     @wraps(module, "EngineArgs.create_engine_config")
     def create_engine_config(wrapped, self, args, kwargs):
+        if not self.return_sampling_mask and return_mask_from_env():
+            self.return_sampling_mask = True    # VLLM_SAMPLING_MASK_RETURN=1
         if self.return_sampling_mask:
             # What the arguments already say is checked first, so these errors
             # come before any upstream complaint about the same settings.
