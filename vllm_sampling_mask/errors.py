@@ -31,6 +31,28 @@ class MissingSamplingMaskError(RuntimeError):
         self.hop = hop
 
 
+class WeightsRefusedError(ValueError):
+    """`reload_weights` refused a checkpoint before touching the engine's weights
+    (`weights_check`): one line naming `weights_path`, the cause and the fix. The
+    API server answers it with HTTP 400 (`reload_refusals`)."""
+
+    MARK = "reload_weights refused (weights_path): "
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(self.MARK + " ".join(reason.split()))
+
+
+class WeightsRestoredError(RuntimeError):
+    """`reload_weights` failed while loading a checkpoint that passed the checks; the
+    engine's weights were put back as they were (`reload_weights_recovery`)."""
+
+    MARK = "reload_weights failed while loading, the previous weights are restored: "
+
+    def __init__(self, cause: BaseException) -> None:
+        text = " ".join(str(cause).split()) or "no message"
+        super().__init__(f"{self.MARK}{type(cause).__name__}: {text[:500]}")
+
+
 class ReplayCheckError(Exception):
     """`replay_check`: a bad argument or an unreachable model/server, said as the fix."""
 

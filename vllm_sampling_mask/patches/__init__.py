@@ -167,6 +167,18 @@ _RECORDS = (
           NONE_KNOWN + "a refused streamed request logs a 29-line traceback "
           "('Error in completion stream generator') for a clean HTTP 400",
           "upstream's stream generators log client errors without a traceback"),
+    Patch("reload_weights_recovery", ("vllm.v1.worker.gpu_worker",), WORKER, X,
+          NONE_KNOWN + "reload_weights: an exception part-way leaves layers on the meta "
+          "device (the engine dies on its next step); weights_path is not checked "
+          "before the model is torn down (a missing path is tried as a hub repo id)",
+          "upstream's reload checks the checkpoint first and restores the model on "
+          "failure", after=("cpu_reload_tied_lm_head",)),
+    Patch("reload_refusals", ("vllm.v1.engine.async_llm", "vllm.v1.engine.llm_engine"),
+          API, X,
+          NONE_KNOWN + "/collective_rpc answers every worker exception with 500, caller "
+          "errors included (the worker's error crosses processes as text)",
+          "upstream's utility calls keep the worker's exception class and the route "
+          "answers client errors with 4xx"),
     Patch("rl_routes_auth", ("{auth}",), API, X,
           NONE_KNOWN + "--api-key guards only the /v1, /v2, /inference (/cohere) "
           "prefixes: the dev-mode RL routes (/pause, /resume, /collective_rpc, weight "
