@@ -416,8 +416,9 @@ class MaskedGRPOTrainer(GRPOTrainer):
                      for m, ids in zip(given, completion_ids, strict=True)]
         elif self.use_vllm and self.rollout_func is None:
             masks = self.vllm_generation.last_sampling_masks
-        else:
-            masks = [empty_mask(len(ids)) for ids in completion_ids]
+        else:               # no engine rollout to take masks from: stock TRL
+            self._active_masks = None
+            return result
         tokens = sum(len(ids) for ids in completion_ids)
         without = sum(int((m.sizes == 0).sum()) for m in masks)
         mode = "train" if self.model.training else "eval"
@@ -429,7 +430,8 @@ class MaskedGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         try:
             output = super()._generate_and_score_completions(inputs)
-            output[MASKS_KEY] = self._active_masks
+            if self._active_masks is not None:
+                output[MASKS_KEY] = self._active_masks
         finally:
             self._active_masks = None
         return output
