@@ -382,6 +382,11 @@ RELEASE_TIER = (
     "tests/test_rl_loop.py::*",
     # the CPU LoRA ops fix on the release's own ops (no engine)
     "tests/test_lora.py::test_fix_*",
+    # AMX tile state in a vLLM process on the CPU platform (no engine)
+    *(f"tests/test_fix_cpu_amx_tile_permission.py::test_{name}" for name in (
+        "a_vllm_process_on_the_cpu_platform_holds_amx_tile_state",
+        "the_request_against_this_kernel_grants_or_refuses_without_raising",
+        "a_refusal_is_one_warning_and_vllm_starts_on")),
 )
 
 

@@ -258,6 +258,12 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "raise RuntimeError(self._grouped_gemm_alignment_error(layer))"),
         _s(CPU_MOE, "CPUFusedMOE.__init__", "self.check_grouped_gemm(layer)"),
     ),
+    "cpu_amx_tile_permission": (
+        # the module whose import applies it: a process imports it when it picks the
+        # CPU platform, before any CPU kernel runs
+        _n("vllm.platforms.cpu", "CpuPlatform"),
+        _s("vllm.platforms", "cpu_platform_plugin", '"vllm.platforms.cpu.CpuPlatform"'),
+    ),
     "cpu_reload_tied_lm_head": (
         _f("vllm.v1.worker.gpu_worker", "Worker.reload_weights", "self", "args", "kwargs"),
         _n("vllm.model_executor.layers.vocab_parallel_embedding",

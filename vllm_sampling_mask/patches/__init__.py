@@ -118,6 +118,12 @@ _RECORDS = (
           "did: its check raised nothing; 0.28 does again: its AMX experts declare "
           "bfloat16 only and the oracle picks another)",
           since="0.27.1", until="0.28.0"),
+    Patch("cpu_amx_tile_permission", ("vllm.platforms.cpu",), ANY, X,
+          NONE_KNOWN + "CPU: a bfloat16 model's worker dies with SIGILL on a CPU with "
+          "AMX (vLLM's AMX kernels run in a process that never asked Linux for AMX tile "
+          "state: arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA)",
+          "upstream requests AMX tile permission (e.g. torch.cpu._init_amx()) before "
+          "its CPU kernels use AMX"),
     Patch("cpu_reload_tied_lm_head", ("vllm.v1.worker.gpu_worker",), WORKER, X,
           NONE_KNOWN + "CPU: reload_weights leaves a tied LM head's prepacked GEMM on "
           "the old weights (dispatch_cpu_unquantized_gemm is not re-run for a layer "
