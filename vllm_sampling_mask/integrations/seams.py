@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from vllm_sampling_mask.seams import Entry, Function, Name, SourceUses
 
-__all__ = ["TRL_SEAMS", "TRL_TESTED"]
+__all__ = ["TRL_SEAMS", "TRL_TESTED", "SKYRL_SEAMS", "SKYRL_TESTED"]
 
 # the TRL releases `integrations.trl` was run against (pyproject's `trl` extra)
 TRL_TESTED = ">=1.16,<1.17"
@@ -100,5 +100,92 @@ TRL_SEAMS: dict[str, tuple[Entry, ...]] = {
             "sampling_params.update(generation_kwargs or {})")),
         Function(CLIENT, "VLLMClient.reset_prefix_cache", ("self",)),
         Function(CLIENT, "VLLMClient.init_communicator", ("self", "device")),
+    ),
+}
+
+
+# -- SkyRL (`integrations.skyrl`), checked by tests/test_skyrl_seams.py ---------------
+
+# the SkyRL releases `integrations.skyrl` was run against (requirements/skyrl-0.4.0-cpu.txt)
+SKYRL_TESTED = ">=0.4.0,<0.5"
+
+SK_ACTOR = "skyrl.backends.skyrl_train.inference_servers.vllm_server_actor"
+SK_WIRE = "skyrl.backends.skyrl_train.inference_servers.generate_wire"
+SK_CLIENT = "skyrl.backends.skyrl_train.inference_servers.remote_inference_client"
+SK_ARGS = "skyrl.backends.skyrl_train.inference_servers.utils"
+SK_SUPPORT = "skyrl.backends.skyrl_train.utils.sample_support"
+SK_PREP = "skyrl.train.dataset.preprocess"
+SK_REPLAY = "skyrl.backends.skyrl_train.utils.sample_support_replay"
+SK_CONFIG = "skyrl.train.config.config"
+
+SKYRL_SEAMS: dict[str, tuple[Entry, ...]] = {
+    # turned on by SkyRL's configuration: engine_init_kwargs become the server's
+    # arguments (vLLM's `middleware` and the overlay's `return_sampling_mask` among
+    # them), and capture sets processed logprobs, which the mask needs
+    "config": (
+        Function(SK_ARGS, "build_vllm_cli_args", ("cfg",)),
+        SourceUses(SK_ARGS, "build_vllm_cli_args", (
+            "get_config_as_dict(ie_cfg.engine_init_kwargs)", "setattr(args, key, value)",
+            'overrides["logprobs_mode"] = "processed_logprobs"')),
+        SourceUses(SK_CONFIG, "SkyRLTrainConfig.__post_init__", (
+            "sampling_params.top_k <= 1",)),
+        SourceUses("vllm.entrypoints.serve.middleware.register",
+                   "init_entrypoints_middleware", (
+                       "for middleware in args.middleware:",
+                       "app.add_middleware(imported)")),
+    ),
+    # the route taken over: SkyRL's /skyrl/v1/generate in the app its server builds,
+    # the request body it reads, and the app state the replacement reads
+    "server.route": (
+        Function(SK_ACTOR, "VLLMServerActor._add_custom_endpoints",
+                 ("app", "engine", "cli_args")),
+        SourceUses(SK_ACTOR, "VLLMServerActor._add_custom_endpoints", (
+            '@app.post("/skyrl/v1/generate")', 'body["token_ids"]',
+            'body.get("sampling_params", {})', 'body.get("cache_salt")',
+            'body.get("return_sample_support", False)', 'body.get("model")',
+            "models.lora_requests", "models.is_base_model(model_name)",
+            "PackedField.ROLLOUT_SAMPLE_SUPPORT.value: sample_support")),
+        SourceUses(SK_ACTOR, "_build_and_serve_vllm_server", (
+            "app = build_app(cli_args)",
+            "VLLMServerActor._add_custom_endpoints(app, engine, cli_args)",
+            "await init_app_state(engine, app.state, cli_args)",
+            "uvicorn.Config(")),
+        Function(SK_ACTOR, "VLLMServerActor.__init__", (
+            "self", "vllm_cli_args", "start_port", "server_idx", "bundle_indices",
+            "dp_size", "dp_master_address", "dp_rpc_port", "enable_pd",
+            "nixl_side_channel_base", "mooncake_bootstrap_base_port", "colocated_training",
+            "distributed_executor_backend", "mp_cuda_visible_devices",
+            "enable_ray_prometheus_stats")),
+    ),
+    # the payload written: SkyRL's own wire helpers and layout
+    "server.payload": (
+        Function(SK_WIRE, "build_logprobs_content", ("token_ids", "resp_logprobs")),
+        Function(SK_WIRE, "pack_sample_support", ("sample_support",)),
+        Function(SK_WIRE, "pack_routed_experts", ("routed_experts",)),
+        Name(SK_WIRE, "PackedField.ROUTED_EXPERTS"),
+        Name(SK_WIRE, "PackedField.ROLLOUT_SAMPLE_SUPPORT"),
+        Name(SK_SUPPORT, "SAMPLE_SUPPORT_PADDING"),
+        Name(SK_SUPPORT, "SAMPLE_SUPPORT_DTYPE"),
+    ),
+    # the client that reads it, unchanged
+    "client": (
+        Function(SK_CLIENT, "RemoteGenerateClient.generate", (
+            "self", "prompt_token_ids", "sampling_params", "session_id", "model",
+            "return_routed_experts", "routed_experts_prompt_start", "return_sample_support",
+            "mm_features", "cache_salt")),
+        SourceUses(SK_CLIENT, "RemoteGenerateClient.generate", (
+            '"/skyrl/v1/generate" if packed_side_channels', 'payload["return_sample_support"] = True',
+            "choice.get(PackedField.ROLLOUT_SAMPLE_SUPPORT)",
+            "decode_packed_sample_support(packed_sample_support)")),
+    ),
+    # the trainer: one width for every sample of a batch, rows read as sets
+    "trainer": (
+        Function(SK_PREP, "build_sample_support", ("rollout_sample_support", "response_lens")),
+        SourceUses(SK_PREP, "build_sample_support", ("entries must share top_k",)),
+        Function(SK_REPLAY, "score_aligned_sample_support", (
+            "aligned_source", "aligned_sampled_ids", "aligned_row_ids", "aligned_loss_mask",
+            "sample_support", "vocab_start_index", "vocab_end_index", "tp_group",
+            "compute_entropy", "entropy_requires_grad", "lm_head_weight", "temperature",
+            "chunk_size")),
     ),
 }
