@@ -115,6 +115,7 @@ class MaskOptions:
     """What ``MaskedGRPOTrainer`` hands to the generation backend TRL builds."""
     engine_kwargs: dict = field(default_factory=dict)
     api_key: Optional[str] = None
+    masks: bool = True
 
 
 # ---------------------------------------------------------------------------
@@ -201,7 +202,7 @@ class MaskedVLLMGeneration(VLLMGeneration):
             raise ValueError("MaskedGRPOTrainer: vllm_tensor_parallel_size > 1 in colocate "
                              "mode is not supported with sampling masks; use 1 or "
                              "vllm_mode='server'")
-        if truncates(self.top_k, self.top_p, self.min_p):
+        if options.masks and truncates(self.top_k, self.top_p, self.min_p):
             if self.mode == "server":     # request body fields, top level
                 self.generation_kwargs = {**self.generation_kwargs,
                                           "return_sampling_mask": True}
@@ -209,6 +210,8 @@ class MaskedVLLMGeneration(VLLMGeneration):
                 extra = dict(self.generation_kwargs.get("extra_args") or {})
                 extra["return_sampling_mask"] = True
                 self.generation_kwargs = {**self.generation_kwargs, "extra_args": extra}
+        elif not options.masks and self.mode == "server":    # the server needs no work
+            self.generation_kwargs = {**self.generation_kwargs, "return_sampling_mask": False}
 
     def _init_vllm(self):
         if self.mode == "server":
@@ -226,7 +229,8 @@ class MaskedVLLMGeneration(VLLMGeneration):
             accelerator.wait_for_everyone()
             return
         build = functools.partial(_vllm_generation.LLM, **self._options.engine_kwargs)
-        with _environment(RETURN_MASK_ENV, "1"), _replaced(_vllm_generation, "LLM", build):
+        flag = "1" if self._options.masks else "0"
+        with _environment(RETURN_MASK_ENV, flag), _replaced(_vllm_generation, "LLM", build):
             super()._init_vllm()
         generate = self.llm.generate
 
@@ -380,13 +384,18 @@ class MaskedGRPOTrainer(GRPOTrainer):
             ``kv_cache_memory_bytes=1 << 30``, ``enforce_eager=True``).
         vllm_api_key: the server's ``--api-key`` (default: ``VLLM_API_KEY``), sent
             as a bearer token on every request to it.
+        sampling_masks: False keeps the rest (engine arguments, the weight sync on a
+            host without NCCL) and trains as stock TRL does, without masks: the
+            control of an A/B run.
     """
 
     def __init__(self, *args, vllm_engine_kwargs: Optional[dict] = None,
-                 vllm_api_key: Optional[str] = None, **kwargs):
+                 vllm_api_key: Optional[str] = None, sampling_masks: bool = True,
+                 **kwargs):
         self._mask_options = MaskOptions(
             engine_kwargs=dict(vllm_engine_kwargs or {}),
-            api_key=vllm_api_key if vllm_api_key is not None else os.environ.get("VLLM_API_KEY"))
+            api_key=vllm_api_key if vllm_api_key is not None else os.environ.get("VLLM_API_KEY"),
+            masks=bool(sampling_masks))
         self._active_masks: Optional[list] = None
         backend = functools.partial(MaskedVLLMGeneration, options=self._mask_options)
         with _replaced(_grpo_trainer, "VLLMGeneration", backend):
@@ -414,7 +423,7 @@ class MaskedGRPOTrainer(GRPOTrainer):
         if given is not None:
             masks = [as_mask(m, len(ids), "rollout_func's sampling_mask")
                      for m, ids in zip(given, completion_ids, strict=True)]
-        elif self.use_vllm and self.rollout_func is None:
+        elif self.use_vllm and self.rollout_func is None and self._mask_options.masks:
             masks = self.vllm_generation.last_sampling_masks
         else:               # no engine rollout to take masks from: stock TRL
             self._active_masks = None
