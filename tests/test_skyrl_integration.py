@@ -1,0 +1,329 @@
+"""SkyRL's sample-support replay fed the engine's exact support
+(`vllm_sampling_mask.integrations.skyrl`).
+
+The layout tests run everywhere (numpy only). The rest run SkyRL's own code, in
+SkyRL's environment (Python 3.12, requirements/skyrl-0.4.0-cpu.txt), and are skipped
+elsewhere: SkyRL's `VLLMServerActor` as a Ray actor (`num_gpus=0`, vLLM's CPU worker)
+with a real engine of the demo model (float32, enforce_eager, a 1 GiB KV cache), its
+arguments built by SkyRL's `build_vllm_cli_args` from a SkyRL config whose
+`engine_init_kwargs` turn the adapter on, driven by SkyRL's `RemoteInferenceClient`;
+and SkyRL's trainer-side `HFModelWrapper.forward` with sample-support replay, on CPU
+tensors of the demo model.
+
+`skyrl.backends.skyrl_train.workers.model_wrapper` imports `flash_attn.bert_padding`
+at module top (flash-attn has no CPU build); where flash-attn is not installed, the
+trainer test puts a small test-only stand-in of its two pure tensor functions
+(`pad_input`, `unpad_input`) in `sys.modules`. With `sdpa` attention and
+`remove_microbatch_padding=False` (the only attention SkyRL allows without CUDA)
+`forward` never calls them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import types
+
+import numpy as np
+import pytest
+
+from vllm_sampling_mask.integrations import skyrl as adapter
+from vllm_sampling_mask.integrations.skyrl import (SupportWidthError, WIDTH_OPTION,
+                                                   support_rows, support_width)
+
+PROMPT = [1, 2, 3, 4, 5]
+
+
+# -- the layout (no SkyRL needed) ---------------------------------------------------
+
+
+def test_support_rows_are_skyrls_minus_one_padded_layout():
+    ids = np.array([3, 50, 337, 4, 201, 201], dtype=np.int32)
+    offsets = np.array([0, 3, 5, 6])
+    rows = support_rows(ids, offsets, 4)
+    assert rows.dtype == np.int32 and rows.shape == (3, 4)
+    assert rows.tolist() == [[3, 50, 337, -1], [4, 201, -1, -1], [201, -1, -1, -1]]
+    assert support_rows(np.array([], dtype=np.int32), np.array([0]), 8).shape == (0, 8)
+
+
+def test_a_support_wider_than_the_row_width_is_refused_never_cut():
+    ids = np.arange(10, dtype=np.int32)
+    offsets = np.array([0, 2, 10])   # token 1: 8 ids (e.g. ties at the k-th logit)
+    with pytest.raises(SupportWidthError) as err:
+        support_rows(ids, offsets, 6)
+    message = str(err.value)
+    assert "widest 8 ids, at token 1" in message and f"{WIDTH_OPTION} >= 8" in message
+    assert err.value.param == WIDTH_OPTION
+    assert support_rows(ids, offsets, 8)[1].tolist() == list(range(2, 10))
+
+
+def test_row_width_is_the_top_k_or_the_servers_fixed_width():
+    assert support_width(8) == 8
+    assert support_width(8, 24) == 24
+    assert support_width(-1, 24) == 24 and support_width(None, 24) == 24
+    for top_k, option, param in ((-1, None, "sampling_params.top_k"),
+                                 (None, None, "sampling_params.top_k"),
+                                 (32, 24, "sampling_params.top_k"),
+                                 ("8", None, "sampling_params.top_k"),
+                                 (8, 0, WIDTH_OPTION), (8, True, WIDTH_OPTION)):
+        with pytest.raises(SupportWidthError) as err:
+            support_width(top_k, option)
+        assert err.value.param == param, (top_k, option)
+    assert adapter.engine_init_kwargs() == {
+        "return_sampling_mask": True, "middleware": [adapter.MIDDLEWARE]}
+    assert adapter.engine_init_kwargs(24)[WIDTH_OPTION] == 24
+
+
+# -- SkyRL's rollout server on Ray, with a real engine ------------------------------
+
+
+def _port_block(size: int) -> int:
+    """The first port of `size` consecutive free ports, inside
+    VLLM_SAMPLING_MASK_TEST_PORTS when set (Ray's own ports included)."""
+    span = os.environ.get("VLLM_SAMPLING_MASK_TEST_PORTS", "20000-29999")
+    first, last = (int(p) for p in span.split("-"))
+    for base in range(first, last + 2 - size, size):
+        try:
+            socks = []
+            for port in range(base, base + size):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("0.0.0.0", port))
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+        return base
+    raise RuntimeError(f"no {size} free consecutive ports in {span}")
+
+
+@pytest.fixture(scope="module")
+def skyrl_server():
+    pytest.importorskip("skyrl", reason="SkyRL is not installed (its environment: "
+                        "requirements/skyrl-0.4.0-cpu.txt, docs/rl_recipes.md 'SkyRL')")
+    ray = pytest.importorskip("ray", reason="Ray is not installed")
+    from skyrl.backends.skyrl_train.inference_servers.utils import build_vllm_cli_args
+    from skyrl.backends.skyrl_train.inference_servers.vllm_server_actor import \
+        VLLMServerActor
+    from skyrl.train.config.config import SkyRLTrainConfig
+
+    import vllm_sampling_mask as m
+
+    base = _port_block(60)
+    temp = tempfile.mkdtemp(prefix="skyrl-ray-")
+    # a head of our own, every port named, stopped with its process group at the end
+    head = subprocess.Popen(
+        ["ray", "start", "--head", "--block", f"--port={base}",
+         f"--node-manager-port={base + 1}", f"--object-manager-port={base + 2}",
+         f"--dashboard-agent-listen-port={base + 3}", f"--dashboard-agent-grpc-port={base + 4}",
+         f"--runtime-env-agent-port={base + 5}", f"--metrics-export-port={base + 6}",
+         f"--ray-client-server-port={base + 7}", f"--min-worker-port={base + 20}",
+         f"--max-worker-port={base + 49}", "--include-dashboard=false", "--num-cpus=4",
+         "--num-gpus=0", f"--temp-dir={temp}", "--disable-usage-stats"],
+        stdout=open(os.path.join(temp, "head.log"), "w"), stderr=subprocess.STDOUT,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                ray.init(address=f"127.0.0.1:{base}", logging_level="WARNING")
+                break
+            except Exception:   # noqa: BLE001 - the head is still coming up
+                if time.monotonic() > deadline or head.poll() is not None:
+                    raise
+                time.sleep(1)
+        cfg = SkyRLTrainConfig.from_cli_overrides([
+            f"trainer.policy.model.path={m.DEMO_MODEL}",
+            "trainer.placement.colocate_all=false",   # sleep mode has no CPU support
+            "trainer.algorithm.enable_sample_support_replay=true",
+            "generator.inference_engine.enable_return_sample_support_set=true",
+            "generator.sampling_params.top_k=8",
+            "generator.inference_engine.model_dtype=float32",
+            "generator.inference_engine.enforce_eager=true",
+            "generator.inference_engine.enable_prefix_caching=false",
+            "generator.inference_engine.engine_init_kwargs={"
+            f"return_sampling_mask: true, middleware: [{adapter.MIDDLEWARE}], "
+            "worker_cls: vllm.v1.worker.cpu_worker.CPUWorker, "
+            f"kv_cache_memory_bytes: {1 << 30}}}",
+        ])
+        args = build_vllm_cli_args(cfg)
+        actor = ray.remote(VLLMServerActor).options(num_gpus=0, num_cpus=1).remote(
+            args, base + 50, distributed_executor_backend="uni",
+            enable_ray_prometheus_stats=False)
+        info = ray.get(actor.start.remote(), timeout=600)
+        yield types.SimpleNamespace(url=f"http://{info.ip}:{info.port}", model=m.DEMO_MODEL)
+        ray.get(actor.shutdown.remote(), timeout=60)
+        ray.kill(actor)
+    finally:
+        try:
+            ray.shutdown()
+        finally:
+            os.killpg(head.pid, 15)
+            head.wait(120)
+
+
+def _client(server):
+    from skyrl.backends.skyrl_train.inference_servers.remote_inference_client import \
+        RemoteInferenceClient
+    return RemoteInferenceClient(proxy_url=server.url, server_urls=[server.url],
+                                 data_parallel_size=1, model_name=server.model,
+                                 enable_return_sample_support_set=True)
+
+
+def _generate(server, prompts, sampling_params, return_sample_support=True):
+    """SkyRL's `RemoteInferenceClient.generate`, as its generator calls it."""
+    client = _client(server)
+
+    async def go():
+        try:
+            return await client.generate({
+                "prompt_token_ids": prompts, "sampling_params": sampling_params,
+                "return_sample_support": return_sample_support})
+        finally:
+            await client.aclose()
+    return asyncio.run(go())
+
+
+def _engine_masks(server, prompt, sampling_params):
+    """The same request, the engine's own mask from `/inference/v1/generate`."""
+    import requests
+    r = requests.post(f"{server.url}/inference/v1/generate", timeout=300, json={
+        "model": server.model, "token_ids": prompt, "sampling_params": sampling_params,
+        "return_sampling_mask": True})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    return choice["token_ids"], choice["sampling_mask"]
+
+
+CASES = {
+    # nucleus inside a top-k (the notes' 22/22 case), a wide top-k, min-p
+    "top_k8_top_p0.7": dict(temperature=1.0, top_k=8, top_p=0.7),
+    "top_k64": dict(temperature=1.0, top_k=64),
+    "top_k40_min_p0.05": dict(temperature=0.9, top_k=40, min_p=0.05),
+}
+
+
+@pytest.mark.skyrl
+@pytest.mark.parametrize("case", list(CASES))
+def test_replayed_support_equals_the_engines_mask_token_by_token(skyrl_server, case):
+    params = dict(CASES[case], max_tokens=16, seed=7, logprobs=0)
+    out = _generate(skyrl_server, [PROMPT], params)
+    rows = out["rollout_sample_support"][0]
+    token_ids = out["response_ids"][0]
+    top_k = params["top_k"]
+    assert rows.dtype == np.int32 and rows.shape == (len(token_ids), top_k)
+    engine_tokens, engine_mask = _engine_masks(skyrl_server, PROMPT, params)
+    assert engine_tokens == token_ids   # same seed, same draw
+    for t, (row, mask, sampled) in enumerate(zip(rows, engine_mask, token_ids)):
+        kept = row[row >= 0]
+        assert (row[len(kept):] == -1).all(), f"token {t}: padding not trailing: {row}"
+        assert kept.tolist() == mask, f"token {t}: {kept.tolist()} != engine {mask}"
+        assert sampled in kept, f"token {t}: sampled {sampled} not in its support"
+    # the sampled token's processed logprob rides along, as SkyRL's route sends it
+    assert len(out["response_logprobs"][0]) == len(token_ids)
+    assert all(lp <= 0.0 for lp in out["response_logprobs"][0])
+
+
+@pytest.mark.skyrl
+def test_the_route_is_the_adapters_for_support_and_skyrls_otherwise(skyrl_server):
+    import requests
+    body = {"model": skyrl_server.model, "token_ids": PROMPT,
+            "sampling_params": {"temperature": 1.0, "top_k": 1, "max_tokens": 4, "seed": 1},
+            "return_sample_support": True}
+    # SkyRL's own capture refuses top_k 1 (400); the exact support needs no top-k
+    # list to rebuild it from, so the adapter serves it, one id a row
+    r = requests.post(f"{skyrl_server.url}/skyrl/v1/generate", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    support = r.json()["choices"][0]["rollout_sample_support"]
+    assert support["shape"] == [4, 1] and support["dtype"] == "int32"
+    # without return_sample_support the request is SkyRL's handler's
+    body["return_sample_support"] = False
+    body["sampling_params"]["logprobs"] = 1
+    r = requests.post(f"{skyrl_server.url}/skyrl/v1/generate", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["rollout_sample_support"] is None and len(choice["logprobs"]["content"]) == 4
+
+
+@pytest.mark.skyrl
+def test_a_support_without_a_fixed_width_is_refused_and_the_engine_serves_on(skyrl_server):
+    import aiohttp
+    with pytest.raises(aiohttp.ClientResponseError) as err:
+        _generate(skyrl_server, [PROMPT], dict(temperature=1.0, top_p=0.9, max_tokens=4))
+    assert err.value.status == 400
+    assert "sampling_params.top_k" in err.value.message and WIDTH_OPTION in err.value.message
+    out = _generate(skyrl_server, [PROMPT], dict(temperature=1.0, top_k=4, max_tokens=4))
+    assert out["rollout_sample_support"][0].shape == (4, 4)
+
+
+# -- SkyRL's trainer over the replayed support ------------------------------------
+
+
+def _bert_padding_stand_in():
+    """Test-only stand-in for `flash_attn.bert_padding` (no CPU build of flash-attn):
+    its two pure tensor functions, for model_wrapper's module-top import."""
+    import torch
+
+    def unpad_input(hidden, attention_mask, unused_mask=None):
+        seqlens = attention_mask.sum(dim=-1, dtype=torch.int32)
+        indices = torch.nonzero(attention_mask.flatten(), as_tuple=False).flatten()
+        cu = torch.nn.functional.pad(torch.cumsum(seqlens, 0, dtype=torch.int32), (1, 0))
+        flat = hidden.reshape(-1, *hidden.shape[2:])
+        return flat[indices], indices, cu, int(seqlens.max()), seqlens
+
+    def pad_input(hidden, indices, batch, seqlen):
+        out = hidden.new_zeros((batch * seqlen, *hidden.shape[1:]))
+        out[indices] = hidden
+        return out.reshape(batch, seqlen, *hidden.shape[1:])
+
+    package = types.ModuleType("flash_attn")
+    module = types.ModuleType("flash_attn.bert_padding")
+    module.pad_input, module.unpad_input = pad_input, unpad_input
+    package.bert_padding = module
+    return {"flash_attn": package, "flash_attn.bert_padding": module}
+
+
+@pytest.mark.skyrl
+def test_skyrls_trainer_replays_the_engines_logprobs_over_the_support(skyrl_server,
+                                                                      monkeypatch):
+    import torch
+    try:
+        import flash_attn.bert_padding  # noqa: F401
+    except ImportError:
+        for name, module in _bert_padding_stand_in().items():
+            monkeypatch.setitem(sys.modules, name, module)
+    from skyrl.backends.skyrl_train.workers.model_wrapper import HFModelWrapper
+    from skyrl.train.dataset.preprocess import convert_prompts_responses_to_batch_tensors
+
+    prompts = [PROMPT, [7, 8, 9]]   # two lengths: left padding in SkyRL's batch
+    params = dict(temperature=0.8, top_k=8, top_p=0.7, max_tokens=12, seed=11, logprobs=0)
+    out = _generate(skyrl_server, prompts, params)
+    responses = out["response_ids"]
+    (sequences, attention_mask, _, _, loss_mask, rollout_logprobs, _,
+     support) = convert_prompts_responses_to_batch_tensors(
+        0, prompts, responses, [[0.0] * len(r) for r in responses],
+        [[1] * len(r) for r in responses], logprobs=out["response_logprobs"],
+        rollout_sample_support=out["rollout_sample_support"])
+
+    model = HFModelWrapper(skyrl_server.model, bf16=False)
+    model.eval()
+    num_actions = loss_mask.shape[1]
+    with torch.no_grad():
+        replayed = model(sequences, num_actions, attention_mask,
+                         temperature=params["temperature"], sample_support=support,
+                         loss_mask=loss_mask, enable_sample_support_replay=True)
+        full = model(sequences, num_actions, attention_mask,
+                     temperature=params["temperature"])
+    active = loss_mask.bool()
+    # pi_theta over the exact support equals the engine's processed logprob, token
+    # by token (float32 both sides, same weights)
+    gap = (replayed - rollout_logprobs)[active].abs().max().item()
+    assert gap < 1e-4, f"replayed vs engine logprobs differ by {gap}"
+    # over the full vocabulary they do not: the support is what makes them equal
+    assert (full - rollout_logprobs)[active].abs().max().item() > 1e-2
