@@ -306,10 +306,14 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     ),
     "reload_refusals": (
         _f(ALLM, "AsyncLLM.collective_rpc", "self", "method", "timeout", "args", "kwargs"),
-        _f("vllm.v1.engine.llm_engine", "LLMEngine.collective_rpc", "self", "method",
-           "timeout", "args", "kwargs"),
         _s("vllm.v1.engine.core", "EngineCoreProc._invoke_utility_method",
            'output.failure_message = f"Call to {name} method failed: {str(e)}"'),
+        _s("vllm.v1.engine.core_client", "_process_utility_output",
+           "future.set_exception(Exception(failure_message))"),
+    ),
+    "reload_refusals_sync": (
+        _f("vllm.v1.engine.llm_engine", "LLMEngine.collective_rpc", "self", "method",
+           "timeout", "args", "kwargs"),
         _s("vllm.v1.engine.core_client", "_process_utility_output",
            "future.set_exception(Exception(failure_message))"),
     ),

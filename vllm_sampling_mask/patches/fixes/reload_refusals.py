@@ -1,15 +1,14 @@
 """A refused weight reload is the caller's error: HTTP 400 with its one line.
 
 What: wraps `AsyncLLM.collective_rpc` (vllm/v1/engine/async_llm.py; the route
-    `POST /collective_rpc` and `AsyncLLM` callers) and `LLMEngine.collective_rpc`
-    (vllm/v1/engine/llm_engine.py; `LLM.collective_rpc`). A worker's
+    `POST /collective_rpc` and `AsyncLLM` callers; `reload_refusals_sync` does the
+    same for `LLM`). A worker's
     `WeightsRefusedError` (`reload_weights_recovery`: the checkpoint failed a check,
     nothing was loaded) reaches the API process as text inside a plain
     `Exception("Call to collective_rpc method failed: ...")` (the engine core's
     utility failure, the executor's "Worker failed with error ..."); its own line is
     raised again as the release's validation error (`VLLMValidationError`,
-    `parameter="weights_path"`), which the app answers with HTTP 400, and for `LLM`
-    as the overlay's `WeightsRefusedError` (a ValueError). A reload that failed
+    `parameter="weights_path"`), which the app answers with HTTP 400. A reload that failed
     part-way and was undone (`WeightsRestoredError`) is raised as that error with its
     line alone (HTTP 500 without the worker's text). Every other failure, and every
     success, is left as it was.
@@ -58,24 +57,12 @@ def translated(exc: Exception, client: bool) -> Exception | None:
 
 
 def apply(module, release: Release) -> None:
-    from vllm.v1.engine import llm_engine
-
     @wraps(module, "AsyncLLM.collective_rpc")
     async def collective_rpc(wrapped, self, args, kwargs):
         try:
             return await wrapped(*args, **kwargs)
         except Exception as exc:
             known = translated(exc, client=True)
-            if known is None or known is exc:
-                raise
-            raise known from None
-
-    @wraps(llm_engine, "LLMEngine.collective_rpc")
-    def engine_collective_rpc(wrapped, self, args, kwargs):
-        try:
-            return wrapped(*args, **kwargs)
-        except Exception as exc:
-            known = translated(exc, client=False)
             if known is None or known is exc:
                 raise
             raise known from None

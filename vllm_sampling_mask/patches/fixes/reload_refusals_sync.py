@@ -1,0 +1,35 @@
+"""`LLM.collective_rpc`: a refused weight reload raises the overlay's ValueError.
+
+What: wraps `LLMEngine.collective_rpc` (vllm/v1/engine/llm_engine.py; `LLM.collective_rpc`
+    calls it). A worker's `WeightsRefusedError` (`reload_weights_recovery`), which
+    reaches this process as text inside a plain `Exception` when the engine core runs
+    in its own process (`LLM`'s default), is raised again as `WeightsRefusedError` (a
+    `ValueError`) with its own line; a reload undone part-way as `WeightsRestoredError`
+    with its line. Every other failure, and every success, is left as it was
+    (`reload_refusals.translated`, as the API server's twin reads them).
+Why: the caller gets `Exception("Call to collective_rpc method failed: Worker failed
+    with error '...', please check the stack trace above for the root cause")`: no
+    class to catch a bad checkpoint by, and the executor's wording around the cause.
+Upstream: none known; would file "collective_rpc: a worker's exception reaches the
+    caller as a plain Exception with its text wrapped twice".
+Remove when: upstream's utility calls carry the worker's exception class across
+    processes.
+"""
+
+from __future__ import annotations
+
+from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.patches.fixes.reload_refusals import translated
+from vllm_sampling_mask.releases import Release
+
+
+def apply(module, release: Release) -> None:
+    @wraps(module, "LLMEngine.collective_rpc")
+    def collective_rpc(wrapped, self, args, kwargs):
+        try:
+            return wrapped(*args, **kwargs)
+        except Exception as exc:
+            known = translated(exc, client=False)
+            if known is None or known is exc:
+                raise
+            raise known from None
