@@ -84,7 +84,7 @@ __all__ = ["MaskedGRPOTrainer", "MaskedVLLMClient", "MaskedVLLMGeneration", "MAS
 
 MASKS_KEY = "sampling_masks"
 HEAD_KWARG = "sampling_mask_head"
-_ENTROPY_ROWS = 1024
+_ENTROPY_ROWS = 256
 
 
 def truncates(top_k: Optional[int], top_p: Optional[float], min_p: Optional[float]) -> bool:
@@ -254,6 +254,9 @@ class MaskedVLLMGeneration(VLLMGeneration):
             masks = [self.vllm_client.sampling_masks if self.accelerator.is_main_process
                      else None]
             broadcast_object_list(masks, from_process=0)
+            if masks[0] is None:      # TRL took another route (prompts with images)
+                raise ValueError("MaskedGRPOTrainer: multimodal prompts are not supported "
+                                 "with sampling masks")
             share = slice(self.accelerator.process_index * len(prompts),
                           (self.accelerator.process_index + 1) * len(prompts))
             self.last_sampling_masks = masks[0][share]
