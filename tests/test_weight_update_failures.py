@@ -1,5 +1,5 @@
 """A weight reload that fails loses nothing (`reload_weights_recovery`,
-`reload_refusals`), through `POST /collective_rpc` `reload_weights` on a dev-mode
+`collective_rpc_refusals`), through `POST /collective_rpc` `reload_weights` on a dev-mode
 server of the demo model (V1 runner, masks on, float32).
 
 Each bad checkpoint below is answered with one clear error naming the cause (HTTP

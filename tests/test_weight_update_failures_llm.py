@@ -1,5 +1,5 @@
 """A failed weight reload through `LLM.collective_rpc("reload_weights", ...)` loses
-nothing (`reload_weights_recovery`, `reload_refusals`): the engine core and worker in
+nothing (`reload_weights_recovery`, `collective_rpc_refusals`): the engine core and worker in
 their own processes, as `LLM` runs them by default (V1 runner, masks on, float32).
 
 A bad checkpoint (a path that does not exist, a truncated safetensors file, a wrong

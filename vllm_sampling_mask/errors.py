@@ -32,14 +32,16 @@ class MissingSamplingMaskError(RuntimeError):
 
 
 class WeightsRefusedError(ValueError):
-    """`reload_weights` refused a checkpoint before touching the engine's weights
-    (`weights_check`): one line naming `weights_path`, the cause and the fix. The
-    API server answers it with HTTP 400 (`reload_refusals`)."""
+    """`reload_weights` refused its arguments before touching the engine's weights
+    (`weights_check`): one line naming the parameter (`weights_path`, ...), the cause
+    and the fix. The API server answers it with HTTP 400 (`collective_rpc_refusals`)."""
 
-    MARK = "reload_weights refused (weights_path): "
+    PREFIX = "reload_weights refused ("
+    MARK = PREFIX + "weights_path): "
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(self.MARK + " ".join(reason.split()))
+    def __init__(self, reason: str, parameter: str = "weights_path") -> None:
+        super().__init__(f"{self.PREFIX}{parameter}): {' '.join(reason.split())}")
+        self.parameter = parameter
 
 
 class WeightsRestoredError(RuntimeError):

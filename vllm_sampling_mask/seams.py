@@ -304,14 +304,19 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _s("vllm.model_executor.model_loader.reload.inplace", "reload_weights",
            "model_config.model = weights_path", since=R32),
     ),
-    "reload_refusals": (
+    "collective_rpc_refusals": (
         _f(ALLM, "AsyncLLM.collective_rpc", "self", "method", "timeout", "args", "kwargs"),
+        # where a call by name finds its method: the wrapper, then the worker
+        _s("vllm.v1.worker.worker_base", "WorkerWrapperBase.__getattr__",
+           "getattr(self.worker, attr)"),
+        _d("vllm.config.parallel", "ParallelConfig", "worker_cls", "worker_extension_cls"),
+        _n("vllm.utils.import_utils", "resolve_obj_by_qualname"),
         _s("vllm.v1.engine.core", "EngineCoreProc._invoke_utility_method",
            'output.failure_message = f"Call to {name} method failed: {str(e)}"'),
         _s("vllm.v1.engine.core_client", "_process_utility_output",
            "future.set_exception(Exception(failure_message))"),
     ),
-    "reload_refusals_sync": (
+    "collective_rpc_refusals_sync": (
         _f("vllm.v1.engine.llm_engine", "LLMEngine.collective_rpc", "self", "method",
            "timeout", "args", "kwargs"),
         _s("vllm.v1.engine.core_client", "_process_utility_output",

@@ -2,7 +2,7 @@
 weights, and the wording of its refusals.
 
 Plain code, no vLLM (nor torch) import: `patches/fixes/reload_weights_recovery.py`
-calls it in the worker, `patches/fixes/reload_refusals.py` reads its refusals back in
+calls it in the worker, `patches/fixes/collective_rpc_refusals.py` reads its refusals back in
 the API server.
 
 - `manifest(path)`: the tensors of a checkpoint directory, `{name: (dtype, shape)}`,
@@ -29,8 +29,8 @@ import struct
 
 from vllm_sampling_mask.errors import WeightsRefusedError, WeightsRestoredError
 
-__all__ = ["manifest", "compare", "architecture_problem", "refusal_in", "failure_in",
-           "DTYPE_BYTES"]
+__all__ = ["manifest", "compare", "architecture_problem", "reload_arguments", "refusal_in",
+           "refused_parameter", "failure_in", "DTYPE_BYTES"]
 
 # safetensors' dtype names -> bytes an element
 DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
@@ -206,6 +206,38 @@ def architecture_problem(path: str, served: list[str] | None) -> None:
                       "of the served model only (start a server for the other model)")
 
 
+RELOAD_PARAMETERS = ("weights_iterator", "weights_path", "is_checkpoint_format")
+
+
+def reload_arguments(args: tuple, kwargs: dict) -> dict:
+    """`reload_weights`' arguments by name (`RELOAD_PARAMETERS`, the runner's), refused
+    when they do not fit: too many, an unknown or repeated name, a wrong type."""
+    if len(args) > len(RELOAD_PARAMETERS):
+        raise WeightsRefusedError(f"takes at most {len(RELOAD_PARAMETERS)} arguments "
+                                  f"({', '.join(RELOAD_PARAMETERS)}), got {len(args)}",
+                                  parameter="args")
+    named = dict(zip(RELOAD_PARAMETERS, args))
+    for name, value in kwargs.items():
+        if name not in RELOAD_PARAMETERS:
+            raise WeightsRefusedError(f"unknown argument {name!r}: it takes "
+                                      f"{', '.join(RELOAD_PARAMETERS)}", parameter="kwargs")
+        if name in named:
+            raise WeightsRefusedError(f"{name} given twice (by position and by name)",
+                                      parameter=name)
+        named[name] = value
+    iterator = named.get("weights_iterator")
+    if iterator is not None and (isinstance(iterator, (str, bytes, dict)) or
+                                 not hasattr(iterator, "__iter__")):
+        raise WeightsRefusedError("expected an iterable of (name, tensor) pairs, got "
+                                  f"{type(iterator).__name__}: over HTTP pass "
+                                  "weights_path instead", parameter="weights_iterator")
+    flag = named.get("is_checkpoint_format", True)
+    if not isinstance(flag, bool):
+        raise WeightsRefusedError(f"expected true or false, got {flag!r}",
+                                  parameter="is_checkpoint_format")
+    return named
+
+
 def _line_after(text: str, mark: str) -> str | None:
     """From `mark` to the end of its line; where the error was quoted by a wrapper
     (the executor's "Worker failed with error '...', please check ..."), to the
@@ -222,7 +254,12 @@ def _line_after(text: str, mark: str) -> str | None:
 def refusal_in(text: str) -> str | None:
     """The refusal's own line in an error message that crossed processes as text
     (the worker's, wrapped by the executor and the engine core), or None."""
-    return _line_after(text, WeightsRefusedError.MARK)
+    return _line_after(text, WeightsRefusedError.PREFIX)
+
+
+def refused_parameter(line: str) -> str:
+    """The parameter a refusal's line names (`refusal_in`)."""
+    return line[len(WeightsRefusedError.PREFIX):].split(")", 1)[0]
 
 
 def failure_in(text: str) -> str | None:

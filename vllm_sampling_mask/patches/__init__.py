@@ -179,12 +179,13 @@ _RECORDS = (
           "before the model is torn down (a missing path is tried as a hub repo id)",
           "upstream's reload checks the checkpoint first and restores the model on "
           "failure", after=("cpu_reload_tied_lm_head",)),
-    Patch("reload_refusals", ("vllm.v1.engine.async_llm",), API, X,
-          NONE_KNOWN + "/collective_rpc answers every worker exception with 500, caller "
-          "errors included (the worker's error crosses processes as text)",
+    Patch("collective_rpc_refusals", ("vllm.v1.engine.async_llm",), API, X,
+          NONE_KNOWN + "/collective_rpc answers caller errors with 500 (the worker's "
+          "exception crosses processes as text) and runs any attribute of the worker, "
+          "private ones included",
           "upstream's utility calls keep the worker's exception class and the route "
           "answers client errors with 4xx"),
-    Patch("reload_refusals_sync", ("vllm.v1.engine.llm_engine",), API, X,
+    Patch("collective_rpc_refusals_sync", ("vllm.v1.engine.llm_engine",), API, X,
           NONE_KNOWN + "collective_rpc: a worker's exception reaches the caller as a "
           "plain Exception with its text wrapped twice",
           "upstream's utility calls carry the worker's exception class across processes"),

@@ -3,14 +3,17 @@
 What: wraps `Worker.reload_weights` (vllm/v1/worker/gpu_worker.py; the CPU worker
     inherits it; `collective_rpc("reload_weights", kwargs={"weights_path": ...})` from
     the HTTP route, `LLM` and `AsyncLLM` reaches it), around `cpu_reload_tied_lm_head`:
-    1. with a `weights_path` (and no weights iterator), checks the checkpoint before
+    1. refuses arguments that do not fit the runner's `(weights_iterator,
+       weights_path, is_checkpoint_format)` (an unknown name, too many, a string as
+       the iterator, a flag that is no boolean); with a `weights_path` (and no
+       weights iterator), checks the checkpoint before
        touching anything (`weights_check`): the path exists and is a local directory,
        each `.safetensors` header parses and the file holds the bytes it declares,
        its `config.json` (if any) names the served architecture, and its tensors'
        names, shapes and dtypes are those of the checkpoint the engine serves (the
        one it loaded or last reloaded; read from headers, remembered after each
        reload). A problem raises `WeightsRefusedError` (HTTP 400 through
-       `reload_refusals`), nothing loaded;
+       `collective_rpc_refusals`), nothing loaded;
     2. snapshots the model: every module's attributes, parameter / buffer / submodule
        tables (so the CPU GEMMs packed from the old weights, `layer.cpu_linear`, are
        kept), a copy of every parameter and buffer's values (in host memory), and
@@ -44,18 +47,11 @@ import os
 from vllm_sampling_mask.errors import WeightsRefusedError, WeightsRestoredError
 from vllm_sampling_mask.patches._wrap import wraps
 from vllm_sampling_mask.releases import Release
-from vllm_sampling_mask.weights_check import architecture_problem, compare, manifest
+from vllm_sampling_mask.weights_check import (architecture_problem, compare, manifest,
+                                              reload_arguments)
 
 FAULT = "VLLM_SAMPLING_MASK_TEST_RELOAD_FAULT"
 _SERVED = "_sampling_mask_served_manifest"   # the worker's: the served checkpoint's tensors
-
-
-def _call_argument(args, kwargs, name: str, position: int):
-    """`Worker.reload_weights(*args, **kwargs)` forwards to the runner's
-    `(weights_iterator, weights_path, is_checkpoint_format)`."""
-    if name in kwargs:
-        return kwargs[name]
-    return args[position] if len(args) > position else None
 
 
 def served_manifest(worker, model_config):
@@ -171,8 +167,9 @@ def injected_fault(model, path):
 def apply(module, release: Release) -> None:
     @wraps(module, "Worker.reload_weights")
     def reload_weights(wrapped, self, args, kwargs):
-        path = _call_argument(args, kwargs, "weights_path", 1)
-        from_disk = _call_argument(args, kwargs, "weights_iterator", 0) is None
+        named = reload_arguments(args, kwargs)
+        path = named.get("weights_path")
+        from_disk = named.get("weights_iterator") is None
         config = self.vllm_config.model_config
         found = check(self, path) if path is not None and from_disk else None
         model = self.model_runner.get_model()
