@@ -8,7 +8,8 @@ TRL's ratio metric is per token), and the tests read what TRL itself logged and 
 went through its batch:
 
 - the masked ratio (TRL's `sampling/importance_sampling_ratio/{min,mean,max}`) is 1
-  within 1e-5 at equal weights, server and colocate;
+  within 1e-5 at equal weights, server and colocate, and in each of TRL's
+  `vllm_importance_sampling_mode`s (per sequence: 1e-4, ten tokens' rounding);
 - after optimizer steps and a weight sync (server: checkpoint + `reload_weights`;
   colocate: TRL's own `load_weights` loop, which the `cpu_colocated_load_weights` fix
   makes run on CPU), the engine's log-probabilities of the next rollout equal the
@@ -277,6 +278,22 @@ def test_server_supports_line_up(served):
     assert served.micro_batches
     for counts, completion in served.micro_batches:
         assert counts == completion
+
+
+@pytest.mark.parametrize("mode", ["token_mask", "sequence_truncate", "sequence_mask"])
+def test_server_every_importance_sampling_mode_reads_the_masked_logprobs(
+        server, tmp_path, mode):
+    from vllm_sampling_mask.integrations.trl import MaskedGRPOTrainer
+    args = _config(tmp_path, vllm_mode="server", vllm_server_base_url=server, max_steps=1,
+                   vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_min=0.5,
+                   vllm_importance_sampling_clip_max=2.0)
+    trainer = MaskedGRPOTrainer(model=DEMO_MODEL, reward_funcs=_reward, args=args,
+                                train_dataset=_dataset(), vllm_api_key=API_KEY)
+    trainer.train()
+    lo, mean, hi = _ratios(trainer)[0]
+    # a sequence's ratio is the product of its 10 tokens' (float32 rounding each)
+    tolerance = 1e-5 if mode.startswith("token") else 1e-4
+    assert abs(lo - 1) < tolerance and abs(hi - 1) < tolerance, (mode, lo, mean, hi)
 
 
 def test_server_refuses_the_sync_routes_without_the_key(server):
