@@ -21,6 +21,7 @@ trainer test puts a small test-only stand-in of its two pure tensor functions
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -104,20 +105,14 @@ def _port_block(size: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def skyrl_server():
+def ray_head():
+    """A Ray head of our own, every port named, stopped with its process group at the
+    end; yields the first port of its block (the rest are for the servers)."""
     pytest.importorskip("skyrl", reason="SkyRL is not installed (its environment: "
                         "requirements/skyrl-0.4.0-cpu.txt, docs/rl_recipes.md 'SkyRL')")
     ray = pytest.importorskip("ray", reason="Ray is not installed")
-    from skyrl.backends.skyrl_train.inference_servers.utils import build_vllm_cli_args
-    from skyrl.backends.skyrl_train.inference_servers.vllm_server_actor import \
-        VLLMServerActor
-    from skyrl.train.config.config import SkyRLTrainConfig
-
-    import vllm_sampling_mask as m
-
     base = _port_block(60)
     temp = tempfile.mkdtemp(prefix="skyrl-ray-")
-    # a head of our own, every port named, stopped with its process group at the end
     head = subprocess.Popen(
         ["ray", "start", "--head", "--block", f"--port={base}",
          f"--node-manager-port={base + 1}", f"--object-manager-port={base + 2}",
@@ -138,34 +133,56 @@ def skyrl_server():
                 if time.monotonic() > deadline or head.poll() is not None:
                     raise
                 time.sleep(1)
-        cfg = SkyRLTrainConfig.from_cli_overrides([
-            f"trainer.policy.model.path={m.DEMO_MODEL}",
-            "trainer.placement.colocate_all=false",   # sleep mode has no CPU support
-            "trainer.algorithm.enable_sample_support_replay=true",
-            "generator.inference_engine.enable_return_sample_support_set=true",
-            "generator.sampling_params.top_k=8",
-            "generator.inference_engine.model_dtype=float32",
-            "generator.inference_engine.enforce_eager=true",
-            "generator.inference_engine.enable_prefix_caching=false",
-            "generator.inference_engine.engine_init_kwargs={"
-            f"return_sampling_mask: true, middleware: [{adapter.MIDDLEWARE}], "
-            "worker_cls: vllm.v1.worker.cpu_worker.CPUWorker, "
-            f"kv_cache_memory_bytes: {1 << 30}}}",
-        ])
-        args = build_vllm_cli_args(cfg)
-        actor = ray.remote(VLLMServerActor).options(num_gpus=0, num_cpus=1).remote(
-            args, base + 50, distributed_executor_backend="uni",
-            enable_ray_prometheus_stats=False)
-        info = ray.get(actor.start.remote(), timeout=600)
-        yield types.SimpleNamespace(url=f"http://{info.ip}:{info.port}", model=m.DEMO_MODEL)
-        ray.get(actor.shutdown.remote(), timeout=60)
-        ray.kill(actor)
+        yield base
     finally:
         try:
             ray.shutdown()
         finally:
             os.killpg(head.pid, 15)
             head.wait(120)
+
+
+@contextlib.contextmanager
+def _skyrl_server(port: int, extra_engine_kwargs: str = ""):
+    """SkyRL's VLLMServerActor on Ray (num_gpus=0, vLLM's CPU worker), its arguments
+    built by SkyRL from a config that turns the adapter on."""
+    import ray
+    from skyrl.backends.skyrl_train.inference_servers.utils import build_vllm_cli_args
+    from skyrl.backends.skyrl_train.inference_servers.vllm_server_actor import \
+        VLLMServerActor
+    from skyrl.train.config.config import SkyRLTrainConfig
+
+    import vllm_sampling_mask as m
+
+    cfg = SkyRLTrainConfig.from_cli_overrides([
+        f"trainer.policy.model.path={m.DEMO_MODEL}",
+        "trainer.placement.colocate_all=false",   # sleep mode has no CPU support
+        "trainer.algorithm.enable_sample_support_replay=true",
+        "generator.inference_engine.enable_return_sample_support_set=true",
+        "generator.sampling_params.top_k=8",
+        "generator.inference_engine.model_dtype=float32",
+        "generator.inference_engine.enforce_eager=true",
+        "generator.inference_engine.enable_prefix_caching=false",
+        "generator.inference_engine.engine_init_kwargs={"
+        f"return_sampling_mask: true, middleware: [{adapter.MIDDLEWARE}], "
+        "worker_cls: vllm.v1.worker.cpu_worker.CPUWorker, "
+        f"kv_cache_memory_bytes: {1 << 30}{extra_engine_kwargs}}}",
+    ])
+    args = build_vllm_cli_args(cfg)
+    actor = ray.remote(VLLMServerActor).options(num_gpus=0, num_cpus=1).remote(
+        args, port, distributed_executor_backend="uni", enable_ray_prometheus_stats=False)
+    try:
+        info = ray.get(actor.start.remote(), timeout=600)
+        yield types.SimpleNamespace(url=f"http://{info.ip}:{info.port}", model=m.DEMO_MODEL)
+        ray.get(actor.shutdown.remote(), timeout=60)
+    finally:
+        ray.kill(actor)
+
+
+@pytest.fixture(scope="module")
+def skyrl_server(ray_head):
+    with _skyrl_server(ray_head + 50) as server:
+        yield server
 
 
 def _client(server):
@@ -327,3 +344,21 @@ def test_skyrls_trainer_replays_the_engines_logprobs_over_the_support(skyrl_serv
     assert gap < 1e-4, f"replayed vs engine logprobs differ by {gap}"
     # over the full vocabulary they do not: the support is what makes them equal
     assert (full - rollout_logprobs)[active].abs().max().item() > 1e-2
+
+
+@pytest.mark.skyrl
+def test_a_servers_fixed_width_pads_every_row_and_bounds_the_top_k(ray_head):
+    """`skyrl_sample_support_width` from SkyRL's engine_init_kwargs, through its
+    server arguments to the route: rows of that width, a wider top_k refused."""
+    import aiohttp
+    with _skyrl_server(ray_head + 55, f", {WIDTH_OPTION}: 12") as server:
+        params = dict(temperature=1.0, top_k=8, top_p=0.9, max_tokens=8, seed=5)
+        out = _generate(server, [PROMPT], params)
+        rows = out["rollout_sample_support"][0]
+        assert rows.shape == (len(out["response_ids"][0]), 12)
+        _, engine_mask = _engine_masks(server, PROMPT, params)
+        assert [row[row >= 0].tolist() for row in rows] == engine_mask
+        assert (rows[:, 8:] == -1).all()
+        with pytest.raises(aiohttp.ClientResponseError) as err:
+            _generate(server, [PROMPT], dict(params, top_k=16))
+        assert err.value.status == 400 and "top_k=16" in err.value.message
