@@ -150,6 +150,8 @@ SKYRL_SEAMS: dict[str, tuple[Entry, ...]] = {
             "VLLMServerActor._add_custom_endpoints(app, engine, cli_args)",
             "await init_app_state(engine, app.state, cli_args)",
             "uvicorn.Config(")),
+        SourceUses("vllm.entrypoints.launchers.api_server.app_state", "init_app_state", (
+            "state.engine_client = engine_client", "state.args = args")),
         Function(SK_ACTOR, "VLLMServerActor.__init__", (
             "self", "vllm_cli_args", "start_port", "server_idx", "bundle_indices",
             "dp_size", "dp_master_address", "dp_rpc_port", "enable_pd",
