@@ -1,0 +1,348 @@
+"""verl with sampling masks (`vllm_sampling_mask.integrations.verl`), against verl's own code.
+
+The packing tests run everywhere (numpy and torch). The rest need verl (its
+environment: requirements/verl-0.9.1-cpu.txt, docs/rl_recipes.md "verl") and are
+skipped elsewhere:
+
+- verl's `vLLMHttpServer` as a Ray actor (`num_gpus=0`), the way `vLLMReplica` creates
+  it, with a real engine of the demo model (TP 1, float32, enforce_eager, a 1 GiB KV
+  cache, `return_sampling_mask` through verl's `engine_kwargs.vllm`), its
+  `launch_server` and `generate`: the mask in the sample's `extra_fields` equals the
+  engine's own (the same request on the replica's `/inference/v1/generate`);
+- verl's `FSDPEngineWithLMHead` built on CPU (gloo, world size 1; `initialize()`, which
+  wraps the model in FSDP, is not called), its `prepare_model_inputs` and
+  `prepare_model_outputs` on micro-batches made by verl's `list_of_dict_to_tensordict`
+  (as the agent loop writes TransferQueue) and split by its `prepare_micro_batches`,
+  with the demo model's logits (each sample's own forward, concatenated: what the
+  packed varlen forward gives): pi_theta over the support equals the engine's
+  processed log-probabilities (ratio 1 within 1e-5 at equal weights), and verl's
+  rollout correction reads weights of 1 from them.
+
+No flash-attn stand-in is needed: `verl.workers.engine.fsdp.transformer_impl` imports
+without flash-attn.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_sampling_mask.integrations import verl as adapter
+
+pytestmark = pytest.mark.verl
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [11, 12, 13, 14]]
+# different lengths, so that verl's batches hold them as nested (jagged) tensors
+MAX_TOKENS = [12, 9, 11]
+# nucleus inside a top-k, at a temperature other than 1
+SAMPLING = dict(temperature=0.8, top_k=8, top_p=0.7)
+
+
+# -- packing (no verl needed) ---------------------------------------------------------
+
+
+def test_response_rows_are_the_rows_that_predict_each_response_token():
+    # two samples packed: 3 prompt + 2 response, then 2 prompt + 3 response
+    rows = adapter.response_rows([5, 10], [2, 3])
+    assert rows.tolist() == [2, 3, 6, 7, 8]
+
+
+def test_samples_without_a_mask_get_empty_supports_and_a_wrong_length_is_refused():
+    masks = [(np.array([4, 9, 5], np.int32), np.array([0, 2, 3])), None,
+             (np.array([1], np.int32), np.array([0, 1]))]
+    ids, offsets = adapter._packed_masks(masks, [2, 3, 1])
+    assert ids.tolist() == [4, 9, 5, 1]
+    assert offsets.tolist() == [0, 2, 3, 3, 3, 3, 4]
+    with pytest.raises(ValueError, match="sample 0 has 2 tokens but its response has 3"):
+        adapter._packed_masks(masks[:1], [3])
+    assert adapter.sample_masks([{"global_steps": 1}, {}]) is None
+    assert adapter.sample_masks(np.array([{}, {adapter.MASK_FIELD: masks[0]}]))[1] is masks[0]
+
+
+def test_support_log_probs_are_taken_over_each_rows_support():
+    logits = torch.randn(6, 10, dtype=torch.float64)
+    labels = torch.tensor([0, 0, 4, 5, 2, 0])
+    temperature = torch.full((6,), 0.5, dtype=torch.float64)
+    mask = (np.array([4, 9, 5, 1, 2], np.int32), np.array([0, 2, 3, 5]))
+    rows, values = adapter.support_log_probs(logits, labels, temperature, [6], [3], [mask])
+    assert rows.tolist() == [2, 3, 4]
+    z = logits / 0.5
+    want = [z[2, 4] - z[2, [4, 9]].logsumexp(0), z[3, 5] - z[3, 5],
+            z[4, 2] - z[4, [1, 2]].logsumexp(0)]
+    assert torch.allclose(values, torch.stack(want).to(values.dtype))
+
+
+# -- verl's server with a real engine -----------------------------------------------
+
+
+def _port_block(size: int) -> int:
+    """The first port of `size` consecutive free ports, inside
+    VLLM_SAMPLING_MASK_TEST_PORTS when set (Ray's own ports included)."""
+    span = os.environ.get("VLLM_SAMPLING_MASK_TEST_PORTS", "20000-29999")
+    first, last = (int(p) for p in span.split("-"))
+    for base in range(first, last + 2 - size, size):
+        socks = []
+        try:
+            for port in range(base, base + size):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("0.0.0.0", port))
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+        return base
+    raise RuntimeError(f"no {size} free consecutive ports in {span}")
+
+
+def _need_verl():
+    pytest.importorskip("verl", reason="verl is not installed (its environment: "
+                        "requirements/verl-0.9.1-cpu.txt, docs/rl_recipes.md 'verl')")
+
+
+@pytest.fixture(scope="module")
+def verl_server():
+    _need_verl()
+    ray = pytest.importorskip("ray", reason="Ray is not installed")
+    from verl.workers.config import HFModelConfig, RolloutConfig
+    from verl.workers.rollout.replica import RolloutMode
+    from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
+
+    from vllm_sampling_mask import DEMO_MODEL
+
+    base = _port_block(50)
+    temp = tempfile.mkdtemp(prefix="verl-ray-")
+    # the V1 runner natively, as verl's server picks it on a CPU host (conftest's
+    # defaults are for the interpreted runner)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    # a head of our own, every port named, stopped with its process group at the end
+    head = subprocess.Popen(
+        ["ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={base}",
+         f"--node-manager-port={base + 1}", f"--object-manager-port={base + 2}",
+         f"--dashboard-agent-listen-port={base + 3}", f"--dashboard-agent-grpc-port={base + 4}",
+         f"--runtime-env-agent-port={base + 5}", f"--metrics-export-port={base + 6}",
+         f"--ray-client-server-port={base + 7}", f"--min-worker-port={base + 20}",
+         f"--max-worker-port={base + 49}", "--include-dashboard=false", "--num-cpus=2",
+         "--num-gpus=0", f"--temp-dir={temp}", "--disable-usage-stats"],
+        stdout=open(os.path.join(temp, "head.log"), "w"), stderr=subprocess.STDOUT,
+        start_new_session=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                ray.init(address=f"127.0.0.1:{base}", logging_level="WARNING")
+                break
+            except Exception:   # noqa: BLE001 - the head is still coming up
+                if time.monotonic() > deadline or head.poll() is not None:
+                    raise
+                time.sleep(1)
+        config = RolloutConfig(
+            name="vllm", tensor_model_parallel_size=1, dtype="float32", enforce_eager=True,
+            enable_sleep_mode=False, load_format="auto", prompt_length=64,
+            response_length=16, max_model_len=128, max_num_batched_tokens=256,
+            max_num_seqs=8, free_cache_engine=False,
+            engine_kwargs={"vllm": {"return_sampling_mask": True,
+                                    "kv_cache_memory_bytes": 1 << 30}})
+        # as vLLMReplica.launch_servers creates it (a CPU actor here)
+        server = ray.remote(vLLMHttpServer).options(num_cpus=1, num_gpus=0).remote(
+            config=config, model_config=HFModelConfig(path=DEMO_MODEL),
+            rollout_mode=RolloutMode.STANDALONE, workers=[], replica_rank=0, node_rank=0,
+            gpus_per_node=1, nnodes=1, cuda_visible_devices="")
+        ray.get(server.launch_server.remote(), timeout=600)
+        address, port = ray.get(server.get_server_address.remote())
+        yield types.SimpleNamespace(actor=server, ray=ray, url=f"http://{address}:{port}",
+                                    model=DEMO_MODEL, temperature=SAMPLING["temperature"])
+        ray.kill(server)
+    finally:
+        try:
+            ray.shutdown()
+        finally:
+            os.killpg(head.pid, 15)
+            head.wait(120)
+
+
+def _generate(server, prompt, request_id, max_tokens=12, **extra):
+    """verl's `vLLMHttpServer.generate`, called as its agent loop calls it."""
+    params = dict(SAMPLING, logprobs=True, max_tokens=max_tokens, seed=11, **extra)
+    return server.ray.get(server.actor.generate.remote(
+        prompt_ids=list(prompt), sampling_params=params, request_id=request_id), timeout=300)
+
+
+@pytest.fixture(scope="module")
+def rollouts(verl_server):
+    outs = [_generate(verl_server, p, f"rollout-{i}", n)
+            for i, (p, n) in enumerate(zip(PROMPTS, MAX_TOKENS))]
+    assert len({len(o.token_ids) for o in outs}) == len(outs)
+    return outs
+
+
+def test_server_returns_the_engines_mask_in_the_samples_extra_fields(verl_server, rollouts):
+    import requests
+
+    for prompt, max_tokens, out in zip(PROMPTS, MAX_TOKENS, rollouts):
+        ids, offsets = out.extra_fields[adapter.MASK_FIELD]
+        assert ids.dtype == np.int32 and offsets.dtype == np.int64
+        assert len(offsets) == len(out.token_ids) + 1 and len(out.log_probs) == len(out.token_ids)
+        # the same request (same seed) on the replica's own generate route
+        r = requests.post(f"{verl_server.url}/inference/v1/generate", timeout=300, json={
+            "model": verl_server.model, "token_ids": prompt, "return_sampling_mask": True,
+            "sampling_params": dict(SAMPLING, max_tokens=max_tokens, seed=11)})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["token_ids"] == list(out.token_ids)
+        engine = [ids[offsets[t]:offsets[t + 1]].tolist() for t in range(len(out.token_ids))]
+        assert engine == choice["sampling_mask"]
+        assert all(tok in row for tok, row in zip(out.token_ids, engine))
+    assert any(len(set(r)) > 1 for out in rollouts for r in np.split(
+        out.extra_fields[adapter.MASK_FIELD][0], out.extra_fields[adapter.MASK_FIELD][1][1:-1]))
+
+
+def test_a_request_can_go_without_the_mask(verl_server):
+    out = _generate(verl_server, PROMPTS[0], "no-mask",
+                    extra_args={"return_sampling_mask": False})
+    assert adapter.MASK_FIELD not in out.extra_fields and len(out.token_ids) > 0
+
+
+# -- verl's training engine on CPU tensors ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def verl_engine():
+    _need_verl()
+    import torch.distributed as dist
+    from verl.trainer.config import CheckpointConfig
+    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+
+    from vllm_sampling_mask import DEMO_MODEL
+
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_port_block(1)}",
+                                rank=0, world_size=1)
+    try:
+        yield FSDPEngineWithLMHead(
+            model_config=HFModelConfig(path=DEMO_MODEL), engine_config=FSDPEngineConfig(),
+            optimizer_config=FSDPOptimizerConfig(lr=1e-6), checkpoint_config=CheckpointConfig())
+    finally:
+        if started:
+            dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def demo_lm():
+    from transformers import AutoModelForCausalLM
+
+    from vllm_sampling_mask import DEMO_MODEL
+    return AutoModelForCausalLM.from_pretrained(DEMO_MODEL, dtype=torch.float32).eval()
+
+
+def _batch(rollouts, temperature, masks=True):
+    """The samples as the V1 agent loop puts them in TransferQueue (one dict each,
+    `extra_fields` included), with the trainer's settings on the batch."""
+    from verl.utils import tensordict_utils as tu
+
+    fields = []
+    for prompt, out in zip(PROMPTS, rollouts):
+        extra = dict(out.extra_fields) if masks else {"global_steps": None}
+        ids = torch.tensor(list(prompt) + list(out.token_ids))
+        fields.append({"prompts": torch.tensor(prompt), "responses": torch.tensor(out.token_ids),
+                       "response_mask": torch.ones(len(out.token_ids), dtype=torch.int64),
+                       "input_ids": ids, "position_ids": torch.arange(len(ids)),
+                       "rollout_log_probs": torch.tensor(out.log_probs),
+                       "extra_fields": extra})
+    data = tu.list_of_dict_to_tensordict(fields)
+    tu.assign_non_tensor(data, temperature=temperature, use_remove_padding=True,
+                         use_fused_kernels=False, calculate_entropy=True,
+                         use_dynamic_bsz=True, max_token_len_per_gpu=20)
+    return data
+
+
+def _log_probs(engine, lm, micro_batch):
+    """verl's prepare_model_inputs / the model / prepare_model_outputs (forward_step
+    without FSDP): the response log-probabilities per sample."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+    from verl.workers.utils.padding import response_from_nested
+
+    _, output_args = engine.prepare_model_inputs(micro_batch)
+    with torch.no_grad():
+        logits = torch.cat([lm(input_ids=ids[None]).logits[0]
+                            for ids in micro_batch["input_ids"].unbind()])
+    out = engine.prepare_model_outputs(CausalLMOutputWithPast(logits=logits[None]),
+                                       output_args, micro_batch, None)
+    return response_from_nested(out["log_probs"], micro_batch["response_mask"]).unbind()
+
+
+def _per_sample(engine, lm, data):
+    """Each sample's response log-probabilities through verl's micro-batch split."""
+    from verl.workers.engine.utils import prepare_micro_batches
+
+    micro_batches, indices = prepare_micro_batches(data, dp_group=None)
+    assert len(micro_batches) > 1   # the split (and its reordering) is exercised
+    found = {}
+    for micro_batch, index in zip(micro_batches, indices):
+        for i, lp in zip(index, _log_probs(engine, lm, micro_batch)):
+            found[i] = lp
+    return [found[i] for i in range(len(data))]
+
+
+def test_prepare_model_outputs_takes_pi_theta_over_the_support(verl_server, rollouts,
+                                                               verl_engine, demo_lm):
+    assert getattr(type(verl_engine).prepare_model_outputs, adapter._MARK, False)
+    masked = _per_sample(verl_engine, demo_lm, _batch(rollouts, verl_server.temperature))
+    stock = _per_sample(verl_engine, demo_lm,
+                        _batch(rollouts, verl_server.temperature, masks=False))
+    worst, stock_worst = 0.0, 0.0
+    for out, lp, full in zip(rollouts, masked, stock):
+        engine_lp = torch.tensor(out.log_probs, dtype=torch.float64)
+        ratio = torch.exp(lp.double() - engine_lp)
+        worst = max(worst, float((ratio - 1).abs().max()))
+        stock_worst = max(stock_worst, float((torch.exp(full.double() - engine_lp) - 1).abs().max()))
+    assert worst < 1e-5, worst
+    assert stock_worst > 1e-2, stock_worst   # the full softmax is not the engine's
+
+
+def test_rollout_correction_reads_the_masked_old_log_probs(verl_server, rollouts,
+                                                           verl_engine, demo_lm):
+    from tensordict import TensorDict
+    from verl.protocol import DataProto
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+
+    def weights(old):
+        width = max(len(o.token_ids) for o in rollouts)
+        pad = lambda rows: torch.stack([torch.nn.functional.pad(r.float(), (0, width - len(r)))
+                                        for r in rows])
+        response_mask = pad([torch.ones(len(o.token_ids)) for o in rollouts])
+        batch = DataProto(batch=TensorDict({
+            "old_log_probs": pad(old),
+            "rollout_log_probs": pad([torch.tensor(o.log_probs) for o in rollouts]),
+            "response_mask": response_mask}, batch_size=[len(rollouts)]))
+        config = RolloutCorrectionConfig(rollout_is="token", rollout_is_threshold=2.0)
+        batch, _ = compute_rollout_correction_and_add_to_batch(batch, config)
+        return batch.batch["rollout_is_weights"][response_mask.bool()]
+
+    masked = _per_sample(verl_engine, demo_lm, _batch(rollouts, verl_server.temperature))
+    stock = _per_sample(verl_engine, demo_lm,
+                        _batch(rollouts, verl_server.temperature, masks=False))
+    assert torch.allclose(weights(masked), torch.ones(1), atol=1e-5)
+    assert (weights(stock) - 1).abs().max() > 1e-2
+
+
+def test_fused_kernels_are_refused_by_name(verl_server, rollouts, verl_engine):
+    from verl.utils import tensordict_utils as tu
+
+    data = _batch(rollouts, verl_server.temperature)
+    tu.assign_non_tensor(data, use_fused_kernels=True)
+    with pytest.raises(ValueError, match="use_fused_kernels=False"):
+        verl_engine.prepare_model_outputs(types.SimpleNamespace(logits=None), {}, data, None)
