@@ -28,7 +28,8 @@ TRL_SEAMS: dict[str, tuple[Entry, ...]] = {
     "trainer.init": (
         Name(GRPO, "VLLMGeneration"),
         SourceUses(GRPO, "GRPOTrainer.__init__", (
-            "self.vllm_generation = VLLMGeneration(", "add_fused_lm_head(",
+            "self.vllm_generation = VLLMGeneration(", "mode=args.vllm_mode,",
+            "tensor_parallel_size=args.vllm_tensor_parallel_size,", "add_fused_lm_head(",
             "self._entropy_bonus_enabled = ", "self.tools = ", "self.environment_factories",
             "self.rollout_func = ", "self.temperature = ", "self.ref_model")),
     ),

@@ -197,11 +197,11 @@ class MaskedVLLMGeneration(VLLMGeneration):
         self._options = options
         self._reload_sync = False
         self.last_sampling_masks: Optional[list[SamplingMask]] = None
-        super().__init__(*args, **kwargs)
-        if self.tensor_parallel_size > 1:
+        if kwargs.get("mode") == "colocate" and kwargs.get("tensor_parallel_size", 1) > 1:
             raise ValueError("MaskedGRPOTrainer: vllm_tensor_parallel_size > 1 in colocate "
                              "mode is not supported with sampling masks; use 1 or "
                              "vllm_mode='server'")
+        super().__init__(*args, **kwargs)
         if options.masks and truncates(self.top_k, self.top_p, self.min_p):
             if self.mode == "server":     # request body fields, top level
                 self.generation_kwargs = {**self.generation_kwargs,
@@ -237,7 +237,8 @@ class MaskedVLLMGeneration(VLLMGeneration):
         def generate_keeping_masks(*args, **kwargs):
             outputs = generate(*args, **kwargs)
             self._colocated_masks = [
-                as_mask(o.sampling_mask, len(o.token_ids), "the engine's output")
+                as_mask(getattr(o, "sampling_mask", None), len(o.token_ids),
+                        "the engine's output")
                 for request in outputs for o in request.outputs]
             return outputs
 
