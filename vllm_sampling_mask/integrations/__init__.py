@@ -8,4 +8,11 @@ itself (``import vllm_sampling_mask.integrations`` imports none of them):
     rollouts (server and colocate mode) used in its loss. Its reliance on TRL is
     data in ``integrations.seams`` (``TRL_SEAMS``), checked against the installed TRL
     by ``tests/test_trl_seams.py``.
+
+``vllm_sampling_mask.integrations.skyrl``
+    ``SampleSupportRoute``: SkyRL's sample-support replay fed the engine's exact
+    support (its ``/skyrl/v1/generate`` route, loaded by vLLM's ``--middleware`` from
+    SkyRL's ``engine_init_kwargs``), in the ``[tokens, top_k]`` layout its trainer
+    reads. Its reliance on SkyRL is ``SKYRL_SEAMS`` in ``integrations.seams``, checked
+    by ``tests/test_skyrl_seams.py``.
 """
