@@ -9,9 +9,9 @@ release that moves one fails a named test, not a training run. No framework impo
 
 from __future__ import annotations
 
-from vllm_sampling_mask.seams import Entry, Function, Name, SourceUses
+from vllm_sampling_mask.seams import Entry, Fields, Function, Name, SourceUses
 
-__all__ = ["TRL_SEAMS", "TRL_TESTED", "SKYRL_SEAMS", "SKYRL_TESTED"]
+__all__ = ["TRL_SEAMS", "TRL_TESTED", "SKYRL_SEAMS", "SKYRL_TESTED", "VERL_SEAMS", "VERL_TESTED"]
 
 # the TRL releases `integrations.trl` was run against (pyproject's `trl` extra)
 TRL_TESTED = ">=1.16,<1.17"
@@ -190,5 +190,89 @@ SKYRL_SEAMS: dict[str, tuple[Entry, ...]] = {
             "sample_support", "vocab_start_index", "vocab_end_index", "tp_group",
             "compute_entropy", "entropy_requires_grad", "lm_head_weight", "temperature",
             "chunk_size")),
+    ),
+}
+
+
+# -- verl (`integrations.verl`), checked by tests/test_verl_seams.py -------------------
+
+# the verl releases `integrations.verl` was run against (requirements/verl-0.9.1-cpu.txt)
+VERL_TESTED = ">=0.9.1,<0.10"
+
+V_VLLM = "verl.third_party.vllm"
+V_SERVER = "verl.workers.rollout.vllm_rollout.vllm_async_server"
+V_REPLICA = "verl.workers.rollout.replica"
+V_LOOP = "verl.experimental.agent_loop.agent_loop"
+V_SINGLE = "verl.experimental.agent_loop.single_turn_agent_loop"
+V_TQ = "verl.trainer.ppo.v1.agent_loop_tq"
+V_TRAINER = "verl.trainer.ppo.v1.trainer_base"
+V_ENGINE = "verl.workers.engine.fsdp.transformer_impl"
+V_ENGINE_UTILS = "verl.workers.engine.utils"
+V_TD = "verl.utils.tensordict_utils"
+V_PAD = "verl.workers.utils.padding"
+V_CORR = "verl.trainer.ppo.rollout_corr_helper"
+
+VERL_SEAMS: dict[str, tuple[Entry, ...]] = {
+    # the plugin: verl's vLLM version read (made right by the metadata alias first);
+    # the entry-point loop itself is checked on `verl`'s module source by the test
+    "plugin": (
+        Function(V_VLLM, "get_version", ("pkg",)),
+        Name(V_VLLM, "vllm_version"),
+    ),
+    # the server: the engine flag through engine_kwargs, generate's request and result
+    "server": (
+        Function(V_SERVER, "vLLMHttpServer.generate", (
+            "self", "prompt_ids", "sampling_params", "request_id", "image_data",
+            "video_data", "audio_data", "mm_processor_kwargs", "priority",
+            "kv_transfer_params")),
+        SourceUses(V_SERVER, "vLLMHttpServer.generate", (
+            "sampling_params = SamplingParams(max_tokens=max_tokens, **sampling_params)",
+            "generator = self.engine.generate(", "request_id=request_id,",
+            "async for output in generator:", "final_res.outputs[0].token_ids",
+            "extra_fields=extra_fields")),
+        SourceUses(V_SERVER, "vLLMHttpServer.launch_server", (
+            'self.config.get("engine_kwargs", {}).get(self._get_engine_kwargs_key(), {})',
+            "**engine_kwargs", "build_cli_args_from_config(args)")),
+        SourceUses(V_SERVER, "vLLMHttpServer.run_server", (
+            "self.engine = engine_client",)),
+        Name(V_REPLICA, "TokenOutput"),
+        Fields(V_REPLICA, "TokenOutput", ("token_ids", "log_probs", "extra_fields")),
+    ),
+    # extra_fields to the trainer: per sample, through the agent loop into TransferQueue
+    "rollout": (
+        SourceUses(V_SINGLE, "SingleTurnAgentLoop.run", ("extra_fields=output.extra_fields",)),
+        SourceUses(V_LOOP, "AgentLoopOutput.as_dict", (
+            'output.setdefault("extra_fields", self.extra_fields.copy())',)),
+        SourceUses(V_TQ, "AgentLoopWorkerTQ._agent_loop_postprocess", (
+            "field = output.as_dict()", "list_of_dict_to_tensordict(fields)")),
+        Function(V_TD, "list_of_dict_to_tensordict", ("list_of_dicts",)),
+        Function(V_ENGINE_UTILS, "prepare_micro_batches", (
+            "data", "dp_group", "num_batches_divided_by", "same_micro_num_in_dp",
+            "min_num_micro_batch", "use_dynamic_bsz_balance")),
+    ),
+    # the trainer: log_probs over the support, read by the old log-probs, the rollout
+    # correction and the loss
+    "trainer": (
+        Function(V_ENGINE, "FSDPEngineWithLMHead.prepare_model_outputs", (
+            "self", "output", "output_args", "micro_batch", "logits_processor_func")),
+        SourceUses(V_ENGINE, "FSDPEngineWithLMHead.prepare_model_outputs", (
+            'output_args["input_ids_rmpad_rolled"]', 'output_args["temperature_rmpad"]',
+            "logits_rmpad = output.logits.squeeze(0)", 'output_args["temperature"]',
+            "input_ids.offsets()", 'model_output["log_probs"] = log_probs',
+            "torch.nested.nested_tensor_from_jagged(log_probs, cu_seqlens)")),
+        Function(V_ENGINE, "FSDPEngineWithLMHead.prepare_model_inputs", ("self", "micro_batch")),
+        SourceUses(V_ENGINE, "FSDPEngineWithLMHead.forward_step", (
+            "self.prepare_model_outputs(",)),
+        Function(V_TD, "get_non_tensor_data", ("data", "key", "default")),
+        Function(V_PAD, "response_from_nested", ("tensor", "response_mask")),
+        SourceUses(V_PAD, "response_from_nested", ("values[seq_offset - resp_len - 1 : seq_offset - 1]",)),
+        SourceUses(V_TRAINER, "PPOTrainer._compute_old_log_prob", (
+            "self.actor_rollout_wg.compute_log_prob(batch)",
+            'response_from_nested(data.pop("log_probs"), data["response_mask"])',
+            'data["old_log_probs"] = data.pop("rollout_log_probs")')),
+        SourceUses(V_TRAINER, "PPOTrainer._compute_advantage", (
+            "compute_rollout_correction_and_add_to_batch(data, rollout_corr_config)",)),
+        Function(V_CORR, "compute_rollout_correction_and_add_to_batch", (
+            "batch", "rollout_corr_config")),
     ),
 }
