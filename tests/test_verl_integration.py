@@ -308,6 +308,8 @@ def test_prepare_model_outputs_takes_pi_theta_over_the_support(verl_server, roll
         ratio = torch.exp(lp.double() - engine_lp)
         worst = max(worst, float((ratio - 1).abs().max()))
         stock_worst = max(stock_worst, float((torch.exp(full.double() - engine_lp) - 1).abs().max()))
+    print(f"max |ratio - 1| over the support {worst:.1e}, over the full softmax "
+          f"{stock_worst:.3f}")
     assert worst < 1e-5, worst
     assert stock_worst > 1e-2, stock_worst   # the full softmax is not the engine's
 
@@ -335,8 +337,12 @@ def test_rollout_correction_reads_the_masked_old_log_probs(verl_server, rollouts
     masked = _per_sample(verl_engine, demo_lm, _batch(rollouts, verl_server.temperature))
     stock = _per_sample(verl_engine, demo_lm,
                         _batch(rollouts, verl_server.temperature, masks=False))
-    assert torch.allclose(weights(masked), torch.ones(1), atol=1e-5)
-    assert (weights(stock) - 1).abs().max() > 1e-2
+    on_support, full = weights(masked), weights(stock)
+    print(f"rollout_is_weights: over the support {float(on_support.min()):.6f}.."
+          f"{float(on_support.max()):.6f}, full softmax {float(full.min()):.3f}.."
+          f"{float(full.max()):.3f}")
+    assert torch.allclose(on_support, torch.ones(1), atol=1e-5)
+    assert (full - 1).abs().max() > 1e-2
 
 
 def test_fused_kernels_are_refused_by_name(verl_server, rollouts, verl_engine):
