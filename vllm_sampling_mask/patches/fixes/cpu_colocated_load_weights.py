@@ -17,7 +17,9 @@ Why: after loading, the CPU linear method replaces each linear layer's `weight` 
     empty `Parameter` (`dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`: the
     values live on in a oneDNN handle or an SGL packed copy), so the stacked loaders
     fail with `AttributeError: 'Parameter' object has no attribute 'weight_loader'`,
-    and a weight written into the layer would not reach its kernel anyway. vLLM's own
+    the others with `AssertionError: Attempted to load weight (torch.Size([128, 384]))
+    into parameter (torch.Size([0]))` (demo model, 0.31 and 0.32), and a weight
+    written into the layer would not reach its kernel anyway. vLLM's own
     `reload_weights` goes through the layerwise reload, which restores and repacks;
     a direct `load_weights` does not.
 Upstream: none known; would file "CPU: model.load_weights after load fails with
