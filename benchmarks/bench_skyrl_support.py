@@ -9,15 +9,16 @@ the engine's output, repair included), and `return_sampling_mask`, the exact sup
 Same prompts, same seeds for every setting.
 
 Counts, per setting: tokens; tokens whose SkyRL support differs from the exact one
-(as sets, after its repair), all and those whose exact support fits top_k; tokens its repair fired on (the sampled id absent from
-its finite top-k ids); tokens whose exact support is wider than top_k (they cannot fit
-SkyRL's [tokens, top_k] layout; `integrations.skyrl` answers 400 for them instead of
-cutting). Bytes per token: the logprob payload SkyRL's capture asks the engine for
-(per token top_k + 1 ids (int32) and logprobs (float32), one rank (int32): vLLM's
-logprob arrays), the mask's engine-side arrays (its ids (int32) and one count
-(int32) per token), and on the HTTP wire SkyRL's route's `rollout_sample_support`
-envelope plus its `logprobs.content` (what the adapter also writes, at the same
-width), against the mask as lists and packed (`sampling_mask_format: "packed"`).
+(as sets, after its repair), all and those whose exact support fits top_k; tokens its
+repair fired on (the sampled id absent from its finite top-k ids); tokens whose exact
+support is wider than top_k (they cannot fit SkyRL's [tokens, top_k] layout;
+`integrations.skyrl` answers 400 for them instead of cutting), and the widest exact
+support. Bytes per token: the logprob payload SkyRL's capture asks the engine for (per
+token top_k + 1 ids (int32) and logprobs (float32), one rank (int32): vLLM's logprob
+arrays), the mask's engine-side arrays (its ids (int32) and one count (int32) per
+token), and on the HTTP wire SkyRL's route's `rollout_sample_support` envelope plus
+its `logprobs.content` (what the adapter also writes, at the same width), against the
+mask as lists and packed (`sampling_mask_format: "packed"`).
 
     python benchmarks/bench_skyrl_support.py
     python benchmarks/bench_skyrl_support.py --dtypes float32 --seeds 4 --max-tokens 32
@@ -69,13 +70,14 @@ def run(dtype: str, seeds: int, max_tokens: int) -> dict:
         prompts = [p for p in DEMO_PROMPTS for _ in range(seeds)]
         outs = llm.generate(prompts, params, use_tqdm=False)
         c = dict(tokens=0, differs=0, differs_within_top_k=0, repaired=0, wider_than_top_k=0, exact_ids=0,
-                 skyrl_wire=0, lists_wire=0, packed_wire=0, refused=0)
+                 skyrl_wire=0, lists_wire=0, packed_wire=0, refused=0, widest=0)
         for out in outs:
             o = out.outputs[0]
             mask = o.sampling_mask
             T = len(o.token_ids)
             c["tokens"] += T
             c["exact_ids"] += len(mask.ids)
+            c["widest"] = max(c["widest"], int(np.diff(mask.offsets).max(initial=0)))
             flat_ids = np.asarray(o.logprobs.token_ids).reshape(T, top_k + 1)
             flat_lp = np.asarray(o.logprobs.logprobs).reshape(T, top_k + 1)
             content, support = _sample_support_from_flat_logprobs(o.logprobs, top_k)
@@ -109,7 +111,7 @@ def run(dtype: str, seeds: int, max_tokens: int) -> dict:
             "wider_than_top_k": c["wider_than_top_k"],
             "completions": len(outs),
             "completions_refused_by_adapter": c["refused"],
-            "mean_support": round(c["exact_ids"] / T, 2),
+            "mean_support": round(c["exact_ids"] / T, 2), "widest_support": c["widest"],
             "bytes_per_token": {
                 "skyrl_engine_logprobs": 8 * (top_k + 1) + 4,
                 "mask_engine_arrays": round(4 * c["exact_ids"] / T + 4, 1),
