@@ -114,7 +114,7 @@ def ray_head():
     base = _port_block(60)
     temp = tempfile.mkdtemp(prefix="skyrl-ray-")
     head = subprocess.Popen(
-        ["ray", "start", "--head", "--block", f"--port={base}",
+        ["ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={base}",
          f"--node-manager-port={base + 1}", f"--object-manager-port={base + 2}",
          f"--dashboard-agent-listen-port={base + 3}", f"--dashboard-agent-grpc-port={base + 4}",
          f"--runtime-env-agent-port={base + 5}", f"--metrics-export-port={base + 6}",
