@@ -1,6 +1,8 @@
 """A failed weight reload through `LLM.collective_rpc("reload_weights", ...)` loses
-nothing (`reload_weights_recovery`, `collective_rpc_refusals`): the engine core and worker in
-their own processes, as `LLM` runs them by default (V1 runner, masks on, float32).
+nothing (`reload_weights_recovery`, `collective_rpc_refusals_sync`): the engine core
+and worker in their own processes, as `LLM` runs them by default (masks on,
+float32), on both runners (Model Runner V2 through Triton's interpreter, marked
+`mrv2`).
 
 A bad checkpoint (a path that does not exist, a truncated safetensors file, a wrong
 shape) raises `WeightsRefusedError`, a `ValueError` naming `weights_path` and the
@@ -8,7 +10,7 @@ cause, without touching the weights; one that fails part-way
 (`VLLM_SAMPLING_MASK_TEST_RELOAD_FAULT`) raises `WeightsRestoredError`. After each,
 the seeded request generates exactly its reference (token ids, logprobs, masks); a
 good reload changes it and reloading the demo model brings it back. In the release
-tier: every release's own reload path.
+tier (V1): every release's own reload path.
 """
 
 from __future__ import annotations
@@ -36,12 +38,14 @@ def checkpoints(tmp_path_factory):
     return made
 
 
-@pytest.fixture(scope="module")
-def llm(checkpoints):
+@pytest.fixture(scope="module", params=["v1", pytest.param("mrv2", marks=pytest.mark.mrv2)])
+def llm(request, checkpoints):
+    """One engine per runner (Model Runner V2 on a CPU host through Triton's
+    interpreter), each running the tests below in order."""
     saved = os.environ.get(FAULT)
     os.environ[FAULT] = checkpoints["fails in loading"]     # the worker's environment
     try:
-        engine = engine_on("v1", **ENGINE_KWARGS)
+        engine = engine_on(request.param, **ENGINE_KWARGS)
     finally:
         if saved is None:
             os.environ.pop(FAULT, None)
