@@ -314,6 +314,37 @@ def test_prepare_model_outputs_takes_pi_theta_over_the_support(verl_server, roll
     assert stock_worst > 1e-2, stock_worst   # the full softmax is not the engine's
 
 
+def test_the_losss_gradient_reaches_only_each_tokens_support(verl_server, rollouts,
+                                                             verl_engine, demo_lm):
+    """In training (update_actor) the loss's pi_theta is the spliced log_probs: its
+    gradient at a response row is non-zero on that token's support ids only."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+    from verl.workers.utils.padding import response_from_nested
+
+    data = _batch(rollouts[:2], verl_server.temperature)
+    _, output_args = verl_engine.prepare_model_inputs(data)
+    with torch.no_grad():
+        logits = torch.cat([demo_lm(input_ids=ids[None]).logits[0]
+                            for ids in data["input_ids"].unbind()])[None]
+    logits.requires_grad_(True)
+    out = verl_engine.prepare_model_outputs(CausalLMOutputWithPast(logits=logits),
+                                            output_args, data, None)
+    response_from_nested(out["log_probs"], data["response_mask"]).values().sum().backward()
+    grad = logits.grad[0]
+    ends = data["input_ids"].offsets()[1:].tolist()
+    masks = [r.extra_fields[adapter.MASK_FIELD] for r in rollouts[:2]]
+    rows = adapter.response_rows(ends, [len(offsets) - 1 for _, offsets in masks])
+    supports = [ids[offsets[t]:offsets[t + 1]].tolist()
+                for ids, offsets in masks for t in range(len(offsets) - 1)]
+    assert len(rows) == len(supports)
+    for t, (row, support) in enumerate(zip(rows, supports)):
+        nonzero = set(torch.nonzero(grad[row]).flatten().tolist())
+        assert nonzero <= set(support) and (len(support) == 1 or nonzero), (t, nonzero, support)
+    others = torch.ones(grad.shape[0], dtype=torch.bool)
+    others[torch.as_tensor(rows)] = False
+    assert not grad[others].any()
+
+
 def test_rollout_correction_reads_the_masked_old_log_probs(verl_server, rollouts,
                                                            verl_engine, demo_lm):
     from tensordict import TensorDict

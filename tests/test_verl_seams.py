@@ -43,6 +43,9 @@ def _found(part, entry):
 @pytest.mark.parametrize("part,entry", _cases(Function))
 def test_verl_functions_keep_their_signatures(part, entry):
     got = tuple(inspect.signature(_found(part, entry)).parameters)
+    # Ray adds `_ray_trace_ctx` to a class's methods once the class becomes an actor
+    # (`ray.remote(vLLMHttpServer)`, in a process that has done so)
+    got = tuple(p for p in got if p != "_ray_trace_ctx")
     assert got == entry.params, f"verl seam {part!r} moved: {entry.module}.{entry.name}{got}"
 
 

@@ -74,7 +74,10 @@ def install() -> None:
         if disabled():
             _installed = True
             return
-        apply_patch("metadata_alias")
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is not None:   # verl also runs on SGLang
+            apply_patch("metadata_alias")
         import wrapt
 
         wrapt.register_post_import_hook(patch_server, SERVER_MODULE)
