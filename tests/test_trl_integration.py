@@ -20,6 +20,8 @@ went through its batch:
   every micro-batch's supports line up with its `completion_mask` (counts equal);
 - a completion without a mask (empty supports) gets the full softmax's
   log-probabilities, the same as TRL's own fused head;
+- a `rollout_func` hands its own supports in (`sampling_mask`), `[]` for environment
+  tokens under `env_mask` 0: the batch carries them as given;
 - without the integration (plain `GRPOTrainer`, and `MaskedGRPOTrainer` without vLLM)
   training is stock TRL's, bit for bit.
 """
@@ -294,6 +296,41 @@ def test_server_every_importance_sampling_mode_reads_the_masked_logprobs(
     # a sequence's ratio is the product of its 10 tokens' (float32 rounding each)
     tolerance = 1e-5 if mode.startswith("token") else 1e-4
     assert abs(lo - 1) < tolerance and abs(hi - 1) < tolerance, (mode, lo, mean, hi)
+
+
+def test_a_rollout_func_gives_masks_and_tokens_the_engine_did_not_sample(server, tmp_path):
+    """A rollout_func returns `sampling_mask` beside its completions: the engine's
+    supports for the sampled tokens, `[]` for two appended environment tokens (under
+    `env_mask` 0). The batch carries exactly those supports; TRL's ratio over the
+    sampled tokens is 1."""
+    from vllm_sampling_mask.integrations.trl import MaskedGRPOTrainer
+    ENV = [13, 13]
+
+    def rollout(prompts, trainer):
+        generation = trainer.vllm_generation
+        ids = [trainer.processing_class(p)["input_ids"] for p in prompts[::4]]
+        out = generation.vllm_client.generate(
+            prompts=ids, n=4, temperature=0.9, top_k=50, top_p=0.9, max_tokens=8,
+            generation_kwargs={"return_sampling_mask": True})
+        masks = generation.vllm_client.sampling_masks
+        return {"prompt_ids": [p for p in out["prompt_ids"] for _ in range(4)],
+                "completion_ids": [c + ENV for c in out["completion_ids"]],
+                "logprobs": [[lp[0] for lp in seq] + [0.0, 0.0] for seq in out["logprobs"]],
+                "env_mask": [[1] * len(c) + [0, 0] for c in out["completion_ids"]],
+                "sampling_mask": [m.token_ids + [[], []] for m in masks]}
+
+    args = _config(tmp_path, vllm_mode="server", vllm_server_base_url=server, max_steps=1)
+    trainer = _recording(MaskedGRPOTrainer)(
+        model=DEMO_MODEL, reward_funcs=_reward, args=args, train_dataset=_dataset(),
+        vllm_api_key=API_KEY, rollout_func=rollout)
+    trainer.train()
+    lo, mean, hi = _ratios(trainer)[0]
+    assert abs(lo - 1) < 1e-5 and abs(hi - 1) < 1e-5, (lo, mean, hi)
+    generation = trainer.generations[0]
+    for mask, ids in zip(generation["sampling_masks"], generation["completion_ids"]):
+        sizes = mask.sizes.tolist()
+        assert sizes[-2:] == [0, 0] and all(n > 0 for n in sizes[:-2])
+    assert trainer.state.log_history[0]["sampling_mask/tokens_without_mask"] > 0
 
 
 def test_server_refuses_the_sync_routes_without_the_key(server):
