@@ -15,4 +15,11 @@ itself (``import vllm_sampling_mask.integrations`` imports none of them):
     SkyRL's ``engine_init_kwargs``), in the ``[tokens, top_k]`` layout its trainer
     reads. Its reliance on SkyRL is ``SKYRL_SEAMS`` in ``integrations.seams``, checked
     by ``tests/test_skyrl_seams.py``.
+
+``vllm_sampling_mask.integrations.verl``
+    Loaded by ``import verl`` (``verl.plugins`` entry point,
+    ``integrations.verl_plugin``): verl's vLLM server puts each sample's mask in its
+    ``extra_fields``, and ``FSDPEngineWithLMHead.prepare_model_outputs`` takes the
+    response log-probabilities over it. Its reliance on verl is ``VERL_SEAMS`` in
+    ``integrations.seams``, checked by ``tests/test_verl_seams.py``.
 """
