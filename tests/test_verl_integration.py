@@ -247,7 +247,7 @@ def demo_lm():
     return AutoModelForCausalLM.from_pretrained(DEMO_MODEL, dtype=torch.float32).eval()
 
 
-def _batch(rollouts, temperature, masks=True):
+def _batch(rollouts, temperature, masks=True, remove_padding=True):
     """The samples as the V1 agent loop puts them in TransferQueue (one dict each,
     `extra_fields` included), with the trainer's settings on the batch."""
     from verl.utils import tensordict_utils as tu
@@ -262,9 +262,11 @@ def _batch(rollouts, temperature, masks=True):
                        "rollout_log_probs": torch.tensor(out.log_probs),
                        "extra_fields": extra})
     data = tu.list_of_dict_to_tensordict(fields)
-    tu.assign_non_tensor(data, temperature=temperature, use_remove_padding=True,
+    # micro-batches by token count: one sample each packed, two and one padded
+    tu.assign_non_tensor(data, temperature=temperature, use_remove_padding=remove_padding,
                          use_fused_kernels=False, calculate_entropy=True,
-                         use_dynamic_bsz=True, max_token_len_per_gpu=20)
+                         use_dynamic_bsz=True,
+                         max_token_len_per_gpu=20 if remove_padding else 40)
     return data
 
 
@@ -272,13 +274,17 @@ def _log_probs(engine, lm, micro_batch):
     """verl's prepare_model_inputs / the model / prepare_model_outputs (forward_step
     without FSDP): the response log-probabilities per sample."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
+    from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import response_from_nested
 
     _, output_args = engine.prepare_model_inputs(micro_batch)
     with torch.no_grad():
-        logits = torch.cat([lm(input_ids=ids[None]).logits[0]
-                            for ids in micro_batch["input_ids"].unbind()])
-    out = engine.prepare_model_outputs(CausalLMOutputWithPast(logits=logits[None]),
+        each = [lm(input_ids=ids[None]).logits[0] for ids in micro_batch["input_ids"].unbind()]
+    if tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True):
+        logits = torch.cat(each)[None]           # [1, packed tokens, V]
+    else:
+        logits = torch.nn.utils.rnn.pad_sequence(each, batch_first=True)   # [samples, longest, V]
+    out = engine.prepare_model_outputs(CausalLMOutputWithPast(logits=logits),
                                        output_args, micro_batch, None)
     return response_from_nested(out["log_probs"], micro_batch["response_mask"]).unbind()
 
@@ -296,12 +302,14 @@ def _per_sample(engine, lm, data):
     return [found[i] for i in range(len(data))]
 
 
+@pytest.mark.parametrize("remove_padding", [True, False], ids=["packed", "padded"])
 def test_prepare_model_outputs_takes_pi_theta_over_the_support(verl_server, rollouts,
-                                                               verl_engine, demo_lm):
+                                                               verl_engine, demo_lm,
+                                                               remove_padding):
     assert getattr(type(verl_engine).prepare_model_outputs, adapter._MARK, False)
-    masked = _per_sample(verl_engine, demo_lm, _batch(rollouts, verl_server.temperature))
-    stock = _per_sample(verl_engine, demo_lm,
-                        _batch(rollouts, verl_server.temperature, masks=False))
+    t = verl_server.temperature
+    masked = _per_sample(verl_engine, demo_lm, _batch(rollouts, t, True, remove_padding))
+    stock = _per_sample(verl_engine, demo_lm, _batch(rollouts, t, False, remove_padding))
     worst, stock_worst = 0.0, 0.0
     for out, lp, full in zip(rollouts, masked, stock):
         engine_lp = torch.tensor(out.log_probs, dtype=torch.float64)
