@@ -322,6 +322,13 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _s("vllm.v1.engine.core_client", "_process_utility_output",
            "future.set_exception(Exception(failure_message))"),
     ),
+    "rpc_route_body": (
+        _n("vllm.entrypoints.serve.dev.rpc.api_router", "router", until=R32),
+        _s("vllm.entrypoints.serve.dev.rpc.api_router", "collective_rpc",
+           'method = body.get("method")', "await raw_request.json()", until=R32),
+        _s("vllm.entrypoints.serve.dev.rpc.api_router", "attach_router",
+           "app.include_router(router)", until=R32),
+    ),
     "rl_routes_auth": (
         _f("{auth}", "AuthenticationMiddleware.__call__", "self", "scope", "receive", "send"),
         _f("{auth}", "AuthenticationMiddleware.verify_token", "self", "headers"),

@@ -1,0 +1,47 @@
+"""`POST /collective_rpc` with a JSON body that is not an object is a 400 (0.24-0.31).
+
+What: on the import of the dev-mode RPC route's module
+    (`vllm/entrypoints/serve/dev/rpc/api_router.py`), replaces the endpoint of its
+    `/collective_rpc` route in the module's router (before `build_app` includes the
+    router, which registers each route's `endpoint`) by one that reads the body
+    first: a JSON array, string, number or null is answered with HTTP 400 "Request
+    body must be a JSON object"; anything else goes to upstream's endpoint unchanged
+    (it reads the body again from the request's cache).
+Why: upstream's endpoint calls `body.get("method")` on whatever JSON it parsed: a
+    body that is no object raised `AttributeError` ("'list' object has no attribute
+    'get'"), an HTTP 500 for the caller's malformed request. 0.32 checks it itself
+    (the same 400).
+Upstream: none known; fixed in 0.32.0 (its route answers "Request body must be a JSON
+    object").
+Remove when: 0.31 is dropped (`until="0.32.0"`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from vllm_sampling_mask.releases import Release
+
+PATH = "/collective_rpc"
+
+
+def apply(module, release: Release) -> None:
+    from fastapi import HTTPException
+
+    for route in module.router.routes:
+        if getattr(route, "path", None) != PATH:
+            continue
+        original = route.endpoint
+
+        @functools.wraps(original)
+        async def collective_rpc(raw_request, _original=original):
+            try:
+                body = await raw_request.json()
+            except ValueError:
+                return await _original(raw_request)     # upstream's JSON-error 400
+            if not isinstance(body, dict):
+                raise HTTPException(status_code=400,
+                                    detail="Request body must be a JSON object")
+            return await _original(raw_request)
+
+        route.endpoint = collective_rpc
