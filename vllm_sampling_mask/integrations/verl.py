@@ -109,10 +109,14 @@ def _final_outputs(engine) -> dict:
 
     async def generate(*args, **kwargs):
         request_id = kwargs.get("request_id", args[2] if len(args) > 2 else None)
-        async for out in inner(*args, **kwargs):
-            if request_id in finals:
-                finals[request_id] = out
-            yield out
+        stream = inner(*args, **kwargs)
+        try:
+            async for out in stream:
+                if request_id in finals:
+                    finals[request_id] = out
+                yield out
+        finally:   # a caller that stops early closes the engine's stream now (abort)
+            await stream.aclose()
 
     engine.generate = generate
     engine.__dict__[_FINALS] = finals
