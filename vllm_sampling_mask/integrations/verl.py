@@ -42,7 +42,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
