@@ -25,6 +25,7 @@ with the figures. A few minutes on 2 cores, most of it the engines' start-up.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -106,6 +107,10 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=18010, help="port of the server mode's server")
     ap.add_argument("--modes", default="colocate,server")
     args = ap.parse_args()
+    if importlib.util.find_spec("trl") is None:
+        sys.exit("examples/trl_grpo.py needs TRL, in an environment of its own (TRL 1.16 "
+                 "allows vLLM <= 0.31): docs/getting_started.md, 'Beside an RL framework', "
+                 "the TRL row")
 
     from vllm_sampling_mask import DEMO_MODEL
 
