@@ -22,16 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 import types
 
 import numpy as np
 import pytest
+
+from ray_head import ray_head as own_ray_head
 
 from vllm_sampling_mask.integrations import skyrl as adapter
 from vllm_sampling_mask.integrations.skyrl import (SupportWidthError, WIDTH_OPTION,
@@ -83,63 +80,15 @@ def test_row_width_is_the_top_k_or_the_servers_fixed_width():
 # -- SkyRL's rollout server on Ray, with a real engine ------------------------------
 
 
-def _port_block(size: int) -> int:
-    """The first port of `size` consecutive free ports, inside
-    VLLM_SAMPLING_MASK_TEST_PORTS when set (Ray's own ports included)."""
-    span = os.environ.get("VLLM_SAMPLING_MASK_TEST_PORTS", "20000-29999")
-    first, last = (int(p) for p in span.split("-"))
-    for base in range(first, last + 2 - size, size):
-        try:
-            socks = []
-            for port in range(base, base + size):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("0.0.0.0", port))
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-        return base
-    raise RuntimeError(f"no {size} free consecutive ports in {span}")
-
-
 @pytest.fixture(scope="module")
 def ray_head():
-    """A Ray head of our own, every port named, stopped with its process group at the
-    end; yields the first port of its block (the rest are for the servers)."""
+    """A Ray head of our own (tests/ray_head.py); yields the first port of its block
+    (the servers take ports from base + 50 on)."""
     pytest.importorskip("skyrl", reason="SkyRL is not installed (its environment: "
                         "requirements/skyrl-0.4.0-cpu.txt, docs/rl_recipes.md 'SkyRL')")
     ray = pytest.importorskip("ray", reason="Ray is not installed")
-    base = _port_block(60)
-    temp = tempfile.mkdtemp(prefix="skyrl-ray-")
-    head = subprocess.Popen(
-        ["ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={base}",
-         f"--node-manager-port={base + 1}", f"--object-manager-port={base + 2}",
-         f"--dashboard-agent-listen-port={base + 3}", f"--dashboard-agent-grpc-port={base + 4}",
-         f"--runtime-env-agent-port={base + 5}", f"--metrics-export-port={base + 6}",
-         f"--ray-client-server-port={base + 7}", f"--min-worker-port={base + 20}",
-         f"--max-worker-port={base + 49}", "--include-dashboard=false", "--num-cpus=4",
-         "--num-gpus=0", f"--temp-dir={temp}", "--disable-usage-stats"],
-        stdout=open(os.path.join(temp, "head.log"), "w"), stderr=subprocess.STDOUT,
-        start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                ray.init(address=f"127.0.0.1:{base}", logging_level="WARNING")
-                break
-            except Exception:   # noqa: BLE001 - the head is still coming up
-                if time.monotonic() > deadline or head.poll() is not None:
-                    raise
-                time.sleep(1)
+    with own_ray_head(ray, num_cpus=4, prefix="skyrl-ray-") as base:
         yield base
-    finally:
-        try:
-            ray.shutdown()
-        finally:
-            os.killpg(head.pid, 15)
-            head.wait(120)
 
 
 @contextlib.contextmanager

@@ -25,15 +25,13 @@ without flash-attn.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import tempfile
-import time
 import types
 
 import numpy as np
 import pytest
 import torch
+
+from ray_head import port_block, ray_head
 
 from vllm_sampling_mask.integrations import verl as adapter
 
@@ -83,27 +81,6 @@ def test_support_log_probs_are_taken_over_each_rows_support():
 # -- verl's server with a real engine -----------------------------------------------
 
 
-def _port_block(size: int) -> int:
-    """The first port of `size` consecutive free ports, inside
-    VLLM_SAMPLING_MASK_TEST_PORTS when set (Ray's own ports included)."""
-    span = os.environ.get("VLLM_SAMPLING_MASK_TEST_PORTS", "20000-29999")
-    first, last = (int(p) for p in span.split("-"))
-    for base in range(first, last + 2 - size, size):
-        socks = []
-        try:
-            for port in range(base, base + size):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("0.0.0.0", port))
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-        return base
-    raise RuntimeError(f"no {size} free consecutive ports in {span}")
-
-
 def _need_verl():
     pytest.importorskip("verl", reason="verl is not installed (its environment: "
                         "requirements/verl-0.9.1-cpu.txt, docs/rl_recipes.md 'verl')")
@@ -119,33 +96,11 @@ def verl_server():
 
     from vllm_sampling_mask import DEMO_MODEL
 
-    base = _port_block(50)
-    temp = tempfile.mkdtemp(prefix="verl-ray-")
     # the V1 runner natively, as verl's server picks it on a CPU host (conftest's
     # defaults are for the interpreted runner)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-    # a head of our own, every port named, stopped with its process group at the end
-    head = subprocess.Popen(
-        ["ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={base}",
-         f"--node-manager-port={base + 1}", f"--object-manager-port={base + 2}",
-         f"--dashboard-agent-listen-port={base + 3}", f"--dashboard-agent-grpc-port={base + 4}",
-         f"--runtime-env-agent-port={base + 5}", f"--metrics-export-port={base + 6}",
-         f"--ray-client-server-port={base + 7}", f"--min-worker-port={base + 20}",
-         f"--max-worker-port={base + 49}", "--include-dashboard=false", "--num-cpus=2",
-         "--num-gpus=0", f"--temp-dir={temp}", "--disable-usage-stats"],
-        stdout=open(os.path.join(temp, "head.log"), "w"), stderr=subprocess.STDOUT,
-        start_new_session=True, env=env)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                ray.init(address=f"127.0.0.1:{base}", logging_level="WARNING")
-                break
-            except Exception:   # noqa: BLE001 - the head is still coming up
-                if time.monotonic() > deadline or head.poll() is not None:
-                    raise
-                time.sleep(1)
+    with ray_head(ray, size=50, env=env, prefix="verl-ray-"):
         config = RolloutConfig(
             name="vllm", tensor_model_parallel_size=1, dtype="float32", enforce_eager=True,
             enable_sleep_mode=False, load_format="auto", prompt_length=64,
@@ -163,12 +118,6 @@ def verl_server():
         yield types.SimpleNamespace(actor=server, ray=ray, url=f"http://{address}:{port}",
                                     model=DEMO_MODEL, temperature=SAMPLING["temperature"])
         ray.kill(server)
-    finally:
-        try:
-            ray.shutdown()
-        finally:
-            os.killpg(head.pid, 15)
-            head.wait(120)
 
 
 def _generate(server, prompt, request_id, max_tokens=12, **extra):
@@ -228,7 +177,7 @@ def verl_engine():
 
     started = not dist.is_initialized()
     if started:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_port_block(1)}",
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port_block(1)}",
                                 rank=0, world_size=1)
     try:
         yield FSDPEngineWithLMHead(

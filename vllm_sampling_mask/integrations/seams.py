@@ -3,7 +3,7 @@
 The same entry kinds as `vllm_sampling_mask.seams` (`Function`: parameter names in
 order; `Name`: a dotted name resolves; `SourceUses`: the function's source still holds
 these strings), keyed by the part of the integration that relies on them.
-`tests/test_trl_seams.py` checks every entry against the installed framework, so a
+`tests/test_framework_seams.py` checks every entry against the installed framework, so a
 release that moves one fails a named test, not a training run. No framework import.
 """
 
@@ -105,7 +105,7 @@ TRL_SEAMS: dict[str, tuple[Entry, ...]] = {
 }
 
 
-# -- SkyRL (`integrations.skyrl`), checked by tests/test_skyrl_seams.py ---------------
+# -- SkyRL (`integrations.skyrl`), checked by tests/test_framework_seams.py --------
 
 # the SkyRL releases `integrations.skyrl` was run against (requirements/skyrl-0.4.0-cpu.txt)
 SKYRL_TESTED = ">=0.4.0,<0.5"
@@ -194,7 +194,7 @@ SKYRL_SEAMS: dict[str, tuple[Entry, ...]] = {
 }
 
 
-# -- verl (`integrations.verl`), checked by tests/test_verl_seams.py -------------------
+# -- verl (`integrations.verl`), checked by tests/test_framework_seams.py ----------
 
 # the verl releases `integrations.verl` was run against (requirements/verl-0.9.1-cpu.txt)
 VERL_TESTED = ">=0.9.1,<0.10"

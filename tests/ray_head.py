@@ -1,0 +1,82 @@
+"""A Ray head of a test's own, for the framework tests whose rollout servers are Ray
+actors (SkyRL's, verl's): on the loopback address, every port inside the test's block,
+stopped with its process group at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import tempfile
+import time
+
+HEAD_PORTS = 8           # the head's own ports: base .. base + 7
+WORKER_PORTS = (20, 49)  # its workers' ports: base + 20 .. base + 49
+
+
+_handed_out: list[range] = []   # blocks this process gave out (a head binds its ports late)
+
+
+def port_block(size: int) -> int:
+    """The first port of `size` consecutive free loopback ports, inside
+    VLLM_SAMPLING_MASK_TEST_PORTS when set, and outside every block this process
+    handed out before."""
+    span = os.environ.get("VLLM_SAMPLING_MASK_TEST_PORTS", "20000-29999")
+    first, last = (int(p) for p in span.split("-"))
+    for base in range(first, last + 2 - size, size):
+        if any(base < r.stop and r.start < base + size for r in _handed_out):
+            continue
+        socks = []
+        try:
+            for port in range(base, base + size):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+        _handed_out.append(range(base, base + size))
+        return base
+    raise RuntimeError(f"no {size} free consecutive ports in {span}")
+
+
+@contextlib.contextmanager
+def ray_head(ray, *, size: int = 60, num_cpus: int = 2, env: dict | None = None,
+             prefix: str = "ray-head-"):
+    """Start a head on 127.0.0.1 with `num_cpus` and no GPU, connect `ray` to it, and
+    yield the first port of its block (ports past base + 49 are free for the test's
+    servers); on exit disconnect and stop the head's process group."""
+    base = port_block(size)
+    temp = tempfile.mkdtemp(prefix=prefix)
+    lo, hi = WORKER_PORTS
+    head = subprocess.Popen(
+        ["ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={base}",
+         f"--node-manager-port={base + 1}", f"--object-manager-port={base + 2}",
+         f"--dashboard-agent-listen-port={base + 3}", f"--dashboard-agent-grpc-port={base + 4}",
+         f"--runtime-env-agent-port={base + 5}", f"--metrics-export-port={base + 6}",
+         f"--ray-client-server-port={base + 7}", f"--min-worker-port={base + lo}",
+         f"--max-worker-port={base + hi}", "--include-dashboard=false",
+         f"--num-cpus={num_cpus}", "--num-gpus=0", f"--temp-dir={temp}",
+         "--disable-usage-stats"],
+        stdout=open(os.path.join(temp, "head.log"), "w"), stderr=subprocess.STDOUT,
+        start_new_session=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                ray.init(address=f"127.0.0.1:{base}", logging_level="WARNING")
+                break
+            except Exception:   # noqa: BLE001 - the head is still coming up
+                if time.monotonic() > deadline or head.poll() is not None:
+                    raise
+                time.sleep(1)
+        yield base
+    finally:
+        try:
+            ray.shutdown()
+        finally:
+            os.killpg(head.pid, 15)
+            head.wait(120)
