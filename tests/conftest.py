@@ -387,6 +387,9 @@ RELEASE_TIER = (
         "the_open_routes_stay_open*", "upstreams_middleware_lets_the_guarded_routes_through")),
     "tests/test_weight_update_failures.py::test_the_checks_*",
     "tests/test_rl_routes_hostile.py::test_the_type_checks_alone",
+    # the RL routes' bodies, a missing weight-transfer backend, a refused reload's
+    # log (the shared server)
+    "tests/test_rl_route_bodies.py::*",
     "tests/test_weight_update_failures_llm.py::*[[]v1*",
     # an engine built with fixed arguments (VLLM_SAMPLING_MASK_RETURN) whose model
     # takes new weights through load_weights (the cpu_colocated_load_weights fix)
@@ -440,7 +443,8 @@ def pytest_xdist_auto_num_workers(config):
 # neither is left alone at the end with an engine to start.
 MASK_SERVER_MODULES = frozenset(f"tests/test_{name}.py" for name in (
     "bad_input", "distributed", "examples", "first_hour", "fuzz", "openai_routes",
-    "packed_wire_http", "replay_check", "rl_loop", "server", "server_without_masks",
+    "packed_wire_http", "replay_check", "rl_loop", "rl_route_bodies", "server",
+    "server_without_masks",
     "soak", "support_logprobs_http"))
 
 # Their engine fixture is module-scoped and parametrized, and their tests take no

@@ -158,6 +158,10 @@ V0_24 = Release(
         "validation_handler": "vllm.entrypoints.openai.api_server",
         # the `--api-key` middleware (`AuthenticationMiddleware`)
         "auth": "vllm.entrypoints.serve.utils.server_utils",
+        # the Python wrappers of the CPU attention backend's `torch.ops._C` kernels
+        "cpu_ops": "vllm._custom_ops",
+        # the dev-mode RL routes (`/pause`, `/abort_requests`, the weight-transfer routes)
+        "rl_router": "vllm.entrypoints.serve.dev.rlhf.api_router",
         # the token-in/token-out route `/inference/v1/generate`
         **_generate_route("vllm.entrypoints.serve.disagg"),
     }),
@@ -228,11 +232,13 @@ V0_30 = _after(V0_29, "0.30.0", generate_route_option=("--enable-scale-out",),
 V0_31 = _after(V0_30, "0.31.0", mrv2_speculators=("draft_model",),
                v1_cpu_speculation=True)
 
-# the generate route: one response and choice class per output mode, streamed or
-# not (the streamed ones keep upstream's `sampling_mask`, whose null the stream
-# hand-off writes over); its stream counters sized by n; Python 3.11
+# the RL routes moved to `entrypoints.rl.online`; the generate route: one response
+# and choice class per output mode, streamed or not (the streamed ones keep
+# upstream's `sampling_mask`, whose null the stream hand-off writes over); its
+# stream counters sized by n; Python 3.11
 V0_32 = _after(
     V0_31, "0.32.0",
+    modules={"rl_router": "vllm.entrypoints.rl.online.api_router"},
     generate_choices={"GenerateTokensResponse": "GenerateTokensChoice",
                       "GenerateTextResponse": "GenerateTextChoice"},
     generate_response="GenerateResponseBase",

