@@ -14,10 +14,10 @@
   tokens, and every mask agrees with the independent transformers reference of its
   token (`conftest.reference_support`).
 
-Upstream routes left as they answer (not the RL loop's, and 5xx for bad input there
-is upstream's): `/abort_requests` with a `request_ids` that is no list (500),
-`/start_weight_update` and `/finish_weight_update` on a server without a weight
-transfer backend (500).
+The abort and weight-transfer routes' cases here (a `request_ids` that is no list of
+strings, unknown body fields, a server without a weight-transfer backend) were 500s
+or 200s upstream (`rl_route_bodies`, `abort_request_ids`; tests/test_rl_route_bodies.py
+has them on every release).
 """
 
 from __future__ import annotations
@@ -103,6 +103,13 @@ BAD_INPUT = [
     ("POST", "/init_weight_transfer_engine", {"data": "x"}),
     ("POST", "/weight_checker", {"json": {"bogus": 1}}),
     ("POST", "/abort_requests", {"data": "x"}),
+    ("POST", "/abort_requests", {"json": {"request_ids": 5}}),
+    ("POST", "/abort_requests", {"json": {"request_ids": [1, None]}}),
+    ("POST", "/start_weight_update", {}),
+    ("POST", "/start_weight_update", {"json": {"bogus": 1}}),
+    ("POST", "/finish_weight_update", {"json": {}}),
+    ("POST", "/update_weights", {"json": {"update_info": {}}}),
+    ("POST", "/init_weight_transfer_engine", {"json": {"init_info": {}}}),
     ("POST", "/reset_prefix_cache", {"params": {"reset_running_requests": "maybe"}}),
     ("GET", "/pause", {}), ("GET", "/collective_rpc", {}),
 ]
