@@ -1,0 +1,531 @@
+"""OpenRLHF: sampling masks from its vLLM rollout actors to its actor's log-probabilities.
+
+OpenRLHF (0.11.2) rolls out through Ray `RolloutRayActor`s (one `AsyncLLMEngine`
+each, built by `create_vllm_engines` with fixed arguments); an agent executor
+(`SingleTurnAgentExecutor`, a multi-turn one, or the script of
+`--train.agent_func_path`) calls the actor's `generate` and returns one dict per
+sample, which `SamplesGenerator._process_response_into_experience` turns into an
+`Experience`. `RemoteExperienceMaker.make_experience` sends each micro-batch to the
+policy (`PolicyModelActor.forward`) and reference (`ReferenceModelActor.forward`)
+actors for the old and reference log-probabilities; `ActorPPOTrainer.training_step`
+takes pi_theta from `Actor.forward` and hands all three to `PolicyLoss`, whose
+train/rollout correction (`--algo.advantage.is_correction_level`) compares the old
+log-probabilities with the engine's (processed logprobs: over the support).
+
+OpenRLHF has no plugin mechanism and no field for a per-token mask: `Experience` is a
+dataclass whose batching (`concat_experiences`, `split_experience_batch`,
+`make_experience_batch`) copies only its declared `fields()`, and
+`_process_response_into_experience` builds it from named keys of the executor's dict,
+dropping any other. So this module patches OpenRLHF in place (`install()`, run in
+every process of the job: the launcher below does that), each patch a record in
+`PATCHES` with the seams it relies on in `integrations.seams` (`OPENRLHF_SEAMS`):
+
+- `experience_field`: `Experience` gets a `sampling_mask` field (a list, one entry
+  per sample: `(ids, offsets)` over the sample's action positions, or None), which
+  OpenRLHF's own batching then carries like `prompts`.
+- `rollout`: `RolloutRayActor.generate_responses` hands its executor an engine that
+  asks each request for the mask and records it; the sample's dict gets
+  `"sampling_mask"` over its observation tokens (empty rows outside the action
+  ranges, e.g. prompt and environment tokens).
+- `experience`: `_process_response_into_experience` puts it on the `Experience`,
+  cut like the action mask.
+- `old_logprobs`: `make_experience` / `_dispatch_forward` send each micro-batch's
+  masks to the policy and reference actors' `forward`, which pass them to
+  `Actor.forward`.
+- `train_step`: `training_step` passes the experience's masks to `Actor.forward`.
+- `actor_forward`: `Actor.forward`, given masks, takes each action token's
+  log-probability over its support (`training.nucleus_logprobs` on the
+  temperature-scaled logits; rows without a mask keep the full softmax,
+  `empty_support="full"`). Packed samples (`--ds.packing_samples`) are refused with
+  a ValueError naming the flag.
+
+The engine flag: `create_vllm_engines` builds the engines with fixed arguments, so
+they take it from `VLLM_SAMPLING_MASK_RETURN=1`, which the launcher sets for every
+Ray worker. The masked old log-probabilities equal the engine's processed
+log-probabilities at equal weights, so the correction reads 1 there; run with
+`--algo.advantage.is_correction_level token` (or `seq`) so that OpenRLHF asks vLLM
+for them (`logprobs_mode="processed_logprobs"`).
+
+Launcher (the explicit wrap; OpenRLHF's own arguments unchanged)::
+
+    python -m vllm_sampling_mask.integrations.openrlhf <train_ppo_ray arguments>
+
+starts Ray (when not connected) with `install` as every worker's setup hook and
+the engine flag in their environment, installs the patches in the driver, and runs
+`openrlhf.cli.train_ppo_ray` as its own `__main__`. A job on an existing cluster
+passes the same runtime environment (`runtime_env()`).
+
+Importing this module imports neither OpenRLHF nor vLLM; `install()` registers
+post-import hooks (each OpenRLHF module is patched when it is imported).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import copy
+import dataclasses
+import functools
+import logging
+from typing import Optional, Sequence
+
+import numpy as np
+
+__all__ = ["MASK_KEY", "PATCHES", "install", "runtime_env", "observation_rows",
+           "action_rows", "support_log_probs", "masks_for_forward", "main"]
+
+logger = logging.getLogger(__name__)
+
+# the key in the executor's dict and the Experience field
+MASK_KEY = "sampling_mask"
+_MARK = "_vllm_sampling_mask_openrlhf"
+
+M_ENGINE = "openrlhf.trainer.ray.vllm_engine"
+M_EXPERIENCE = "openrlhf.trainer.ppo_utils.experience"
+M_SAMPLES = "openrlhf.trainer.ppo_utils.samples_generator"
+M_MAKER = "openrlhf.trainer.ppo_utils.experience_maker"
+M_LAUNCHER = "openrlhf.trainer.ray.launcher"
+M_PPO_ACTOR = "openrlhf.trainer.ray.ppo_actor"
+M_ACTOR = "openrlhf.models.actor"
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    """One change to OpenRLHF, recorded like the overlay's vLLM patches."""
+
+    name: str
+    module: str
+    what: str
+    why: str
+    remove_when: str
+    seams: str        # the part of OPENRLHF_SEAMS it relies on
+
+
+_NO_FIELD = ("OpenRLHF has a field for a per-token sampling support (or a per-sample "
+             "extra-fields dict its batching carries)")
+
+PATCHES: tuple[Patch, ...] = (
+    Patch("experience_field", M_EXPERIENCE,
+          "Experience gets a `sampling_mask` list field",
+          "its batching copies only the dataclass's fields()", _NO_FIELD,
+          "experience"),
+    Patch("rollout", M_ENGINE,
+          "RolloutRayActor.generate_responses records each request's mask for the "
+          "sample's dict",
+          "executors return named keys built from the RequestOutput and drop the rest",
+          "an executor's dict carries the RequestOutput's sampling_mask", "rollout"),
+    Patch("experience", M_SAMPLES,
+          "_process_response_into_experience puts the dict's mask on the Experience",
+          "it builds the Experience from named keys only", _NO_FIELD, "experience"),
+    Patch("old_logprobs", M_MAKER,
+          "make_experience sends each micro-batch's masks to the policy and reference "
+          "actors' forward (PolicyModelActor.forward, ReferenceModelActor.forward)",
+          "the forward calls take sequences, action_mask and attention_mask only",
+          "those forwards take per-token supports", "old_logprobs"),
+    Patch("train_step", M_PPO_ACTOR,
+          "ActorPPOTrainer.training_step passes the experience's masks to Actor.forward",
+          "it calls Actor.forward with sequences and masks only",
+          "Actor.forward takes per-token supports", "train_step"),
+    Patch("actor_forward", M_ACTOR,
+          "Actor.forward takes action log-probabilities over each token's support",
+          "it takes them over the full softmax", "Actor.forward takes per-token supports",
+          "actor_forward"),
+)
+
+_installed = False
+
+
+def runtime_env(env_vars: Optional[dict] = None) -> dict:
+    """The Ray runtime environment of a masked OpenRLHF job: `install` in every worker
+    and the engine flag in its environment (plus `env_vars`)."""
+    from vllm_sampling_mask.config import RETURN
+
+    return {"worker_process_setup_hook": f"{__name__}.install",
+            "env_vars": {RETURN: "1", **(env_vars or {})}}
+
+
+def install() -> None:
+    """Register the patches (idempotent): each OpenRLHF module is patched when it is
+    imported, or now where it already is."""
+    global _installed
+    if _installed:
+        return
+    from vllm_sampling_mask.patching import disabled
+
+    if disabled():
+        _installed = True
+        return
+    import wrapt
+
+    for module, hook in ((M_EXPERIENCE, patch_experience), (M_ENGINE, patch_rollout),
+                         (M_SAMPLES, patch_samples), (M_MAKER, patch_maker),
+                         (M_LAUNCHER, patch_reference), (M_PPO_ACTOR, patch_ppo_actor),
+                         (M_ACTOR, patch_actor)):
+        wrapt.register_post_import_hook(hook, module)
+    _installed = True
+
+
+# -- masks as rows: pure helpers ---------------------------------------------------------
+
+
+def _pair(mask) -> tuple[np.ndarray, np.ndarray]:
+    ids, offsets = (mask.ids, mask.offsets) if hasattr(mask, "offsets") else mask
+    return np.asarray(ids, dtype=np.int32), np.asarray(offsets, dtype=np.int64)
+
+
+def observation_rows(n_tokens: int, action_ranges: Sequence, masks: Sequence):
+    """One support per observation token as `(ids, offsets)`: action range k's tokens
+    get the rows of `masks[k]` (the k-th request's mask), every other token an empty
+    row. The ranges and the masks must pair up, each range as long as its mask."""
+    if len(action_ranges) != len(masks):
+        raise ValueError(
+            f"the agent executor returned {len(action_ranges)} action ranges but made "
+            f"{len(masks)} engine requests: sampling masks need one action range per "
+            "llm_engine.generate call, in order")
+    counts = np.zeros(n_tokens, dtype=np.int64)
+    pieces = []
+    for k, ((start, end), mask) in enumerate(zip(action_ranges, masks)):
+        ids, offsets = _pair(mask)
+        if end - start != len(offsets) - 1 or start < 0 or end > n_tokens:
+            raise ValueError(
+                f"action range {k} ({start}, {end}) of {n_tokens} observation tokens does "
+                f"not match its request's {len(offsets) - 1} generated tokens")
+        counts[start:end] = np.diff(offsets)
+        pieces.append((start, ids[offsets[0]:offsets[-1]]))
+    pieces.sort(key=lambda p: p[0])
+    ids = np.concatenate([p[1] for p in pieces]) if pieces else np.zeros(0, np.int32)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return ids.astype(np.int32), offsets
+
+
+def action_rows(rows, start: int, stop: int):
+    """Rows `start:stop` of `(ids, offsets)` (OpenRLHF cuts the action mask as
+    `[1:max_len]`)."""
+    ids, offsets = _pair(rows)
+    n = len(offsets) - 1
+    start, stop = min(start, n), min(stop, n)
+    sub = offsets[start:stop + 1]
+    return ids[sub[0]:sub[-1]].copy(), (sub - sub[0]).astype(np.int64)
+
+
+def support_log_probs(logits, sequences, masks, columns: int):
+    """Log-probabilities `[B, columns]` of `sequences[:, 1:]` (column j: the token at
+    j + 1, predicted by logits row j) over each token's support, where `masks[b]`
+    (`(ids, offsets)` over the sample's first columns) gives one; the full softmax
+    elsewhere (`empty_support="full"`). `logits` `[B, T, V]` are already divided by the
+    temperature. Differentiable in `logits`."""
+    import torch
+
+    from vllm_sampling_mask.training import nucleus_logprobs
+
+    batch, length, _ = logits.shape
+    if columns > length - 1:
+        raise ValueError(f"{columns} columns but sequences of {length} tokens")
+    rows, labels, ids_parts, counts = [], [], [], []
+    for b in range(batch):
+        mask = masks[b] if b < len(masks) else None
+        n = 0
+        if mask is not None:
+            ids, offsets = _pair(mask)
+            n = min(len(offsets) - 1, columns)
+            ids_parts.append(ids[offsets[0]:offsets[n]])
+            counts.append(np.diff(offsets[:n + 1]))
+        counts.append(np.zeros(columns - n, dtype=np.int64))
+        rows.append(b * length + np.arange(columns))
+    rows = torch.as_tensor(np.concatenate(rows), device=logits.device)
+    flat = logits.reshape(batch * length, -1).index_select(0, rows)
+    labels = sequences[:, 1:columns + 1].reshape(-1)
+    offsets = np.concatenate([[0], np.cumsum(np.concatenate(counts))]).astype(np.int64)
+    ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.int32)
+    values = nucleus_logprobs(
+        flat, labels, (torch.as_tensor(ids, device=logits.device),
+                       torch.as_tensor(offsets, device=logits.device)),
+        empty_support="full")
+    return values.view(batch, columns)
+
+
+# -- the masks for the next Actor.forward ----------------------------------------------
+
+_pending: contextvars.ContextVar = contextvars.ContextVar("openrlhf_sampling_masks",
+                                                         default=None)
+
+
+@contextlib.contextmanager
+def masks_for_forward(masks):
+    """`Actor.forward` calls inside this block take their log-probabilities over
+    `masks` (one `(ids, offsets)` or None per batch row)."""
+    token = _pending.set(masks)
+    try:
+        yield
+    finally:
+        _pending.reset(token)
+
+
+def _has_masks(masks) -> bool:
+    return masks is not None and any(m is not None for m in masks)
+
+
+def _actor_class(obj):
+    """The class a Ray actor class instantiates (Ray's subclass of the decorated class,
+    which holds its own copy of each method), or the class itself."""
+    meta = getattr(obj, "__ray_metadata__", None)
+    return obj if meta is None else meta.modified_class
+
+
+def _wrap(cls, name, make):
+    original = cls.__dict__.get(name) or getattr(cls, name)
+    if getattr(original, _MARK, False):
+        return
+    wrapper = functools.wraps(original)(make(original))
+    setattr(wrapper, _MARK, True)
+    setattr(cls, name, wrapper)
+
+
+# -- experience_field ----------------------------------------------------------------
+
+
+def patch_experience(module) -> None:
+    """`Experience` gets the `sampling_mask` field (a list, like `prompts`)."""
+    cls = module.Experience
+    if MASK_KEY in cls.__dataclass_fields__:
+        return
+    f = dataclasses.field(default_factory=list)
+    f.name, f.type = MASK_KEY, list
+    f._field_type = dataclasses._FIELD
+    cls.__dataclass_fields__[MASK_KEY] = f
+    cls.__annotations__[MASK_KEY] = list
+    original = cls.__init__
+
+    @functools.wraps(original)
+    def __init__(self, *args, sampling_mask=None, **kwargs):
+        original(self, *args, **kwargs)
+        self.sampling_mask = [] if sampling_mask is None else sampling_mask
+
+    setattr(__init__, _MARK, True)
+    cls.__init__ = __init__
+
+
+# -- rollout --------------------------------------------------------------------------
+
+
+class _RecordingEngine:
+    """The rollout actor as an executor sees it, with `generate` asking each request
+    for the mask and recording it, in call order."""
+
+    def __init__(self, actor):
+        self._actor = actor
+        self.masks: list = []
+
+    def __getattr__(self, name):
+        return getattr(self._actor, name)
+
+    async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+        from vllm_sampling_mask.validation import MASK_ARG
+
+        params = copy.deepcopy(sampling_params)
+        extra = dict(getattr(params, "extra_args", None) or {})
+        extra[MASK_ARG] = True
+        params.extra_args = extra
+        output = await self._actor.generate(prompt_token_ids, params,
+                                            multi_modal_data=multi_modal_data)
+        out = output.outputs[0]
+        error = getattr(out, "sampling_mask_error", None)
+        if error is not None:
+            raise ValueError(f"sampling mask of request {output.request_id}: {error}")
+        mask = getattr(out, "sampling_mask", None)
+        if mask is None or len(mask) != len(out.token_ids):
+            raise RuntimeError(
+                f"the engine returned no sampling mask for the {len(out.token_ids)} tokens "
+                f"of request {output.request_id}: start it with return_sampling_mask "
+                "(VLLM_SAMPLING_MASK_RETURN=1 in the rollout actors' environment)")
+        self.masks.append(_pair(mask))
+        return output
+
+
+class _MaskingExecutor:
+    """An agent executor whose samples carry `MASK_KEY` over their observation tokens."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def execute(self, *args, **kwargs):
+        engine = _RecordingEngine(kwargs.pop("llm_engine"))
+        out = await self.inner.execute(*args, llm_engine=engine, **kwargs)
+        out[MASK_KEY] = observation_rows(len(out["observation_tokens"]),
+                                         out["action_ranges"], engine.masks)
+        return out
+
+
+def patch_rollout(module) -> None:
+    """`RolloutRayActor.generate_responses` runs its executor through
+    `_MaskingExecutor` where the engine has return_sampling_mask."""
+    cls = _actor_class(module.RolloutRayActor)
+
+    def make(original):
+        async def generate_responses(self, *args, **kwargs):
+            from vllm_sampling_mask.config import mask_enabled
+
+            if not isinstance(self.executor, _MaskingExecutor) and \
+                    mask_enabled(self.llm.vllm_config):
+                self.executor = _MaskingExecutor(self.executor)
+            return await original(self, *args, **kwargs)
+        return generate_responses
+
+    _wrap(cls, "generate_responses", make)
+
+
+# -- experience ------------------------------------------------------------------------
+
+
+def patch_samples(module) -> None:
+    """`_process_response_into_experience` keeps the dict's mask, cut like the action
+    mask (`[1:max_len]`)."""
+    cls = module.SamplesGenerator
+
+    def make(original):
+        def _process_response_into_experience(self, response, **generate_kwargs):
+            experience = original(self, response, **generate_kwargs)
+            rows = response.get(MASK_KEY)
+            if rows is not None:
+                truncate_length = generate_kwargs.get("max_len", 2048)
+                experience.sampling_mask = [action_rows(rows, 1, truncate_length)]
+            else:
+                experience.sampling_mask = [None]
+            return experience
+        return _process_response_into_experience
+
+    _wrap(cls, "_process_response_into_experience", make)
+
+
+# -- old_logprobs ----------------------------------------------------------------------
+
+_batch_masks: contextvars.ContextVar = contextvars.ContextVar("openrlhf_batch_masks",
+                                                             default=None)
+
+
+def patch_maker(module) -> None:
+    """`make_experience` sends each micro-batch's masks along with the policy's and the
+    reference's forward (`_dispatch_forward`)."""
+    cls = module.RemoteExperienceMaker
+
+    def make_make(original):
+        def make_experience(self, samples_list):
+            masks = [list(getattr(s, MASK_KEY, None) or [None] * len(s.sequences))
+                     for s in samples_list]
+            if not any(_has_masks(m) for m in masks):
+                return original(self, samples_list)
+            token = _batch_masks.set(masks)
+            try:
+                return original(self, samples_list)
+            finally:
+                _batch_masks.reset(token)
+        return make_experience
+
+    def make_dispatch(original):
+        def _dispatch_forward(self, group, sync_condition, **kwargs):
+            masks = _batch_masks.get()
+            if masks is not None and "action_mask" in kwargs and group in (
+                    self.actor_model_group, self.initial_model_group):
+                kwargs[MASK_KEY] = masks
+            return original(self, group, sync_condition, **kwargs)
+        return _dispatch_forward
+
+    _wrap(cls, "make_experience", make_make)
+    _wrap(cls, "_dispatch_forward", make_dispatch)
+
+
+def _forward_taking_masks(original):
+    def forward(self, *args, sampling_mask=None, **kwargs):
+        if not _has_masks(sampling_mask):
+            return original(self, *args, **kwargs)
+        with masks_for_forward(sampling_mask):
+            return original(self, *args, **kwargs)
+    return forward
+
+
+def patch_reference(module) -> None:
+    """`ReferenceModelActor.forward` takes `sampling_mask=`."""
+    _wrap(_actor_class(module.ReferenceModelActor), "forward", _forward_taking_masks)
+
+
+# -- train_step ------------------------------------------------------------------------
+
+
+def patch_ppo_actor(module) -> None:
+    """`PolicyModelActor.forward` takes `sampling_mask=`; `training_step` passes the
+    experience's masks to `Actor.forward`."""
+    _wrap(_actor_class(module.PolicyModelActor), "forward", _forward_taking_masks)
+
+    def make(original):
+        def training_step(self, experience, *args, **kwargs):
+            masks = getattr(experience, MASK_KEY, None)
+            if not _has_masks(masks):
+                return original(self, experience, *args, **kwargs)
+            with masks_for_forward(masks):
+                return original(self, experience, *args, **kwargs)
+        return training_step
+
+    _wrap(module.ActorPPOTrainer, "training_step", make)
+
+
+# -- actor_forward ---------------------------------------------------------------------
+
+
+def patch_actor(module) -> None:
+    """`Actor.forward` takes the action log-probabilities over the supports in
+    `masks_for_forward` (or its `sampling_mask=` argument)."""
+
+    def make(original):
+        def forward(self, sequences, action_mask=None, attention_mask=None, *args,
+                    sampling_mask=None, **kwargs):
+            masks = sampling_mask if sampling_mask is not None else _pending.get()
+            if action_mask is None or not _has_masks(masks):
+                return original(self, sequences, action_mask, attention_mask, *args, **kwargs)
+            if getattr(self, "packing_samples", False):
+                raise ValueError(
+                    "sampling masks are not supported with packed samples: drop "
+                    "--ds.packing_samples (or run without the sampling-mask launcher)")
+            if len(masks) != sequences.shape[0]:
+                raise ValueError(f"{len(masks)} sampling masks for a batch of "
+                                 f"{sequences.shape[0]} sequences")
+            want_output = kwargs.pop("return_output", False)
+            _, output = original(self, sequences, action_mask, attention_mask, *args,
+                                 return_output=True, **kwargs)
+            columns = sequences.shape[1] - 1
+            log_probs = support_log_probs(output["logits"], sequences, masks, columns)
+            action_log_probs = log_probs[:, -action_mask.shape[1]:] * action_mask.float()
+            return (action_log_probs, output) if want_output else action_log_probs
+        return forward
+
+    _wrap(module.Actor, "forward", make)
+
+
+# -- the launcher ----------------------------------------------------------------------
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """`openrlhf.cli.train_ppo_ray` with sampling masks (its arguments unchanged)."""
+    import os
+    import runpy
+    import sys
+
+    import ray
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    install()
+    if not ray.is_initialized():
+        # OpenRLHF's own defaults for these (train_ppo_ray.train), kept
+        ray.init(runtime_env=runtime_env({
+            "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "true"),
+            "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN"),
+            "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS":
+                os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1")}))
+    sys.argv = ["openrlhf.cli.train_ppo_ray", *argv]
+    runpy.run_module("openrlhf.cli.train_ppo_ray", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
