@@ -45,7 +45,7 @@ def port_block(size: int) -> int:
 
 @contextlib.contextmanager
 def ray_head(ray, *, size: int = 60, num_cpus: int = 2, env: dict | None = None,
-             prefix: str = "ray-head-"):
+             prefix: str = "ray-head-", runtime_env: dict | None = None):
     """Start a head on 127.0.0.1 with `num_cpus` and no GPU, connect `ray` to it, and
     yield the first port of its block (ports past base + 49 are free for the test's
     servers); on exit disconnect and stop the head's process group."""
@@ -67,7 +67,8 @@ def ray_head(ray, *, size: int = 60, num_cpus: int = 2, env: dict | None = None,
         deadline = time.monotonic() + 120
         while True:
             try:
-                ray.init(address=f"127.0.0.1:{base}", logging_level="WARNING")
+                ray.init(address=f"127.0.0.1:{base}", logging_level="WARNING",
+                         runtime_env=runtime_env)
                 break
             except Exception:   # noqa: BLE001 - the head is still coming up
                 if time.monotonic() > deadline or head.poll() is not None:
