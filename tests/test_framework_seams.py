@@ -1,13 +1,14 @@
-"""The framework seams: what `vllm_sampling_mask.integrations` relies on in TRL, SkyRL
-and verl, checked against the installed framework.
+"""The framework seams: what `vllm_sampling_mask.integrations` relies on in TRL, SkyRL,
+verl and OpenRLHF, checked against the installed framework.
 
 Each entry of `integrations.seams` (a function with its parameter names, a name that
 must resolve, a class's fields, text a function's source must still hold) is one test:
 a framework release that moves one fails here, naming the part of the integration and
 what moved, before any training run. A framework's cases carry its marker (`trl`,
-`skyrl`, `verl`) and are skipped, with the environment to make, where it is not
-installed: CI installs TRL on the vLLM 0.31.0 tier, verl on 0.24.0's, and SkyRL in an
-environment of its own (docs/getting_started.md, "Beside an RL framework").
+`skyrl`, `verl`, `openrlhf`) and are skipped, with the environment to make, where it
+is not installed: CI installs TRL on the vLLM 0.31.0 tier, verl on 0.24.0's, OpenRLHF
+on 0.29.0's, and SkyRL in an environment of its own (docs/getting_started.md, "Beside
+an RL framework").
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ FRAMEWORKS = (
               "requirements/skyrl-0.4.0-cpu.txt, Python 3.12"),
     Framework("verl", "verl", seams.VERL_SEAMS, seams.VERL_TESTED,
               "vLLM 0.24.0's lines, then requirements/verl-0.9.1-cpu.txt"),
+    Framework("openrlhf", "OpenRLHF", seams.OPENRLHF_SEAMS, seams.OPENRLHF_TESTED,
+              "vLLM 0.29.0, then requirements/openrlhf-0.11.2-cpu.txt and "
+              "--no-deps openrlhf==0.11.2"),
 )
 BY_NAME = {fw.module: fw for fw in FRAMEWORKS}
 
@@ -72,6 +76,10 @@ def each_framework(*names):
 
 
 def _resolved(fw: Framework, part: str, entry):
+    if fw.module == "openrlhf":
+        # OpenRLHF's trainer modules import flash-attn at module top (no CPU build)
+        import flash_attn_stand_in
+        flash_attn_stand_in.install()
     obj = importlib.import_module(entry.module)
     try:
         for name in entry.name.split("."):

@@ -27,24 +27,22 @@ forward and training step do not run here; their patches are checked by the seam
 (tests/test_framework_seams.py) and the `masks_for_forward` hand-off they use is
 tested below with `Actor.forward`.
 
-A test-only stand-in of flash-attn: `openrlhf.models.actor` imports
-`flash_attn.bert_padding` (`index_first_axis`, `pad_input`, `unpad_input`,
-`rearrange`) and `flash_attn.utils.distributed.all_gather` at module top (for packed
-samples, which these tests do not use); flash-attn does not build without CUDA. The
-stand-in below implements those pure tensor functions; nothing else of flash-attn.
+A test-only stand-in of flash-attn (tests/flash_attn_stand_in.py): `openrlhf.models.actor`
+imports `flash_attn.bert_padding` and `flash_attn.utils.distributed` at module top (for
+packed samples, which these tests do not use), and flash-attn does not build without
+CUDA; the stand-in holds those pure tensor functions only.
 """
 
 from __future__ import annotations
 
-import importlib.machinery
 import os
-import sys
 import types
 
 import numpy as np
 import pytest
 import torch
 
+import flash_attn_stand_in
 from ray_head import ray_head
 
 from vllm_sampling_mask.integrations import openrlhf as adapter
@@ -214,53 +212,10 @@ def test_the_mask_reaches_the_experience_and_survives_openrlhfs_batching(respons
 # -- OpenRLHF's Actor and PolicyLoss on CPU tensors -------------------------------------
 
 
-def _flash_attn_stand_in():
-    """flash_attn.bert_padding's pure tensor functions (and utils.distributed's
-    all_gather), written here for import only: see the module docstring."""
-    if "flash_attn" in sys.modules:
-        return
-    import einops
-
-    def unpad_input(hidden, attention_mask, *unused):
-        lengths = attention_mask.sum(dim=-1, dtype=torch.int32)
-        indices = torch.nonzero(attention_mask.flatten(), as_tuple=False).flatten()
-        cu = torch.nn.functional.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
-        flat = hidden.reshape(-1, *hidden.shape[2:])
-        return flat[indices], indices, cu, int(lengths.max()), lengths
-
-    def index_first_axis(x, indices):
-        return x[indices]
-
-    def pad_input(hidden, indices, batch, seqlen):
-        out = hidden.new_zeros(batch * seqlen, *hidden.shape[1:])
-        out[indices] = hidden
-        return out.view(batch, seqlen, *hidden.shape[1:])
-
-    def all_gather(x, group):
-        import torch.distributed as dist
-
-        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, x, group=group)
-        return torch.cat(parts)
-
-    def module(name, **attrs):
-        m = types.ModuleType(name)
-        m.__spec__ = importlib.machinery.ModuleSpec(name, None)
-        m.__dict__.update(attrs)
-        sys.modules[name] = m
-        return m
-
-    module("flash_attn")
-    module("flash_attn.bert_padding", unpad_input=unpad_input, pad_input=pad_input,
-           index_first_axis=index_first_axis, rearrange=einops.rearrange)
-    module("flash_attn.utils")
-    module("flash_attn.utils.distributed", all_gather=all_gather)
-
-
 @pytest.fixture(scope="module")
 def actor():
     _need_openrlhf()
-    _flash_attn_stand_in()
+    flash_attn_stand_in.install()
     adapter.install()
     import openrlhf.utils.utils as ou
     from openrlhf.models.actor import Actor
@@ -358,3 +313,40 @@ def test_packed_samples_are_refused_naming_the_flag(actor, batch):
                   sampling_mask=batch.sampling_mask)
     finally:
         actor.packing_samples = False
+
+
+def test_each_patch_has_its_record_and_seams():
+    from vllm_sampling_mask.integrations.seams import OPENRLHF_SEAMS
+
+    names = [p.name for p in adapter.PATCHES]
+    assert len(set(names)) == len(names)
+    for patch in adapter.PATCHES:
+        assert patch.what and patch.why and patch.remove_when, patch.name
+        assert OPENRLHF_SEAMS.get(patch.seams), patch.name
+        assert patch.module.startswith("openrlhf.")
+
+
+def test_install_patches_openrlhfs_modules_as_they_load():
+    _need_openrlhf()
+    flash_attn_stand_in.install()
+    adapter.install()
+    import dataclasses
+
+    from openrlhf.models.actor import Actor
+    from openrlhf.trainer.ppo_utils.experience import Experience
+    from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+    from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+    from openrlhf.trainer.ray.launcher import ReferenceModelActor
+    from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
+    from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
+
+    assert adapter.MASK_KEY in [f.name for f in dataclasses.fields(Experience)]
+    assert Experience().sampling_mask == [] and Experience(sampling_mask=[None]).sampling_mask == [None]
+    patched = [
+        adapter._actor_class(RolloutRayActor).generate_responses,
+        SamplesGenerator._process_response_into_experience,
+        RemoteExperienceMaker.make_experience, RemoteExperienceMaker._dispatch_forward,
+        adapter._actor_class(PolicyModelActor).forward,
+        adapter._actor_class(ReferenceModelActor).forward,
+        ActorPPOTrainer.training_step, Actor.forward]
+    assert all(getattr(f, adapter._MARK, False) for f in patched)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from vllm_sampling_mask.seams import Entry, Fields, Function, Name, SourceUses
 
-__all__ = ["TRL_SEAMS", "TRL_TESTED", "SKYRL_SEAMS", "SKYRL_TESTED", "VERL_SEAMS", "VERL_TESTED"]
+__all__ = ["TRL_SEAMS", "TRL_TESTED", "SKYRL_SEAMS", "SKYRL_TESTED", "VERL_SEAMS", "VERL_TESTED",
+           "OPENRLHF_SEAMS", "OPENRLHF_TESTED"]
 
 # the TRL releases `integrations.trl` was run against (pyproject's `trl` extra)
 TRL_TESTED = ">=1.16,<1.17"
@@ -274,5 +275,128 @@ VERL_SEAMS: dict[str, tuple[Entry, ...]] = {
             "compute_rollout_correction_and_add_to_batch(data, rollout_corr_config)",)),
         Function(V_CORR, "compute_rollout_correction_and_add_to_batch", (
             "batch", "rollout_corr_config")),
+    ),
+}
+
+
+# -- OpenRLHF (`integrations.openrlhf`), checked by tests/test_framework_seams.py -------
+
+# the OpenRLHF releases `integrations.openrlhf` was run against
+# (requirements/openrlhf-0.11.2-cpu.txt)
+OPENRLHF_TESTED = ">=0.11.2,<0.12"
+
+O_CLI = "openrlhf.cli.train_ppo_ray"
+O_ENGINE = "openrlhf.trainer.ray.vllm_engine"
+O_AGENT = "openrlhf.utils.agent"
+O_EXP = "openrlhf.trainer.ppo_utils.experience"
+O_SAMPLES = "openrlhf.trainer.ppo_utils.samples_generator"
+O_MAKER = "openrlhf.trainer.ppo_utils.experience_maker"
+O_LAUNCHER = "openrlhf.trainer.ray.launcher"
+O_PPO_ACTOR = "openrlhf.trainer.ray.ppo_actor"
+O_ACTOR = "openrlhf.models.actor"
+O_LOSS = "openrlhf.models.loss"
+
+# A method of a Ray actor class (`@ray.remote`: RolloutRayActor, PolicyModelActor,
+# ReferenceModelActor) resolves as a bound method: its parameters without `self`.
+OPENRLHF_SEAMS: dict[str, tuple[Entry, ...]] = {
+    # the launcher: Ray started first keeps its runtime environment (OpenRLHF starts
+    # it only when not connected); the engines are Ray workers of that job; vLLM's
+    # processed logprobs are asked for with the correction on
+    "config": (
+        SourceUses(O_CLI, "train", ("if not ray.is_initialized():",)),
+        SourceUses(O_ENGINE, "create_vllm_engines", (
+            "RolloutRayActor.options(", 'actor_kwargs["logprobs_mode"] = logprobs_mode')),
+        SourceUses(O_SAMPLES, "SamplesGenerator._dispatch_prompts_to_vllm", (
+            'logprobs=1 if self.args.algo.advantage.is_correction_level != "off" else None',
+            "llm_engine.generate_responses.remote(")),
+    ),
+    # the rollout: the executor gets the actor as its engine and calls its generate,
+    # once per action range, and returns the observation tokens and ranges
+    "rollout": (
+        Function(O_ENGINE, "RolloutRayActor.generate_responses", (
+            "prompt", "label", "sampling_params", "max_length", "hf_tokenizer",
+            "num_samples", "images")),
+        SourceUses(O_ENGINE, "RolloutRayActor.generate_responses", (
+            "self.executor.execute(", "llm_engine=self,")),
+        # the class Ray instantiates (the adapter patches its methods)
+        SourceUses(O_ENGINE, "RolloutRayActor.__ray_metadata__.modified_class.__init__", (
+            "self.executor = ", "self.llm = vllm.AsyncLLMEngine.from_engine_args(")),
+        Function(O_ENGINE, "RolloutRayActor.generate", (
+            "prompt_token_ids", "sampling_params", "multi_modal_data")),
+        Function(O_AGENT, "AgentExecutorBase.execute", (
+            "self", "prompt", "label", "sampling_params", "max_length", "hf_tokenizer",
+            "llm_engine", "images")),
+        SourceUses(O_AGENT, "SingleTurnAgentExecutor.execute", (
+            "await llm_engine.generate(", "action_ranges = [(len(prompt_token_ids), "
+            "len(observation_token_ids))]", '"observation_tokens": observation_token_ids')),
+        SourceUses(O_AGENT, "MultiTurnAgentExecutor.execute", (
+            "await llm_engine.generate(", "action_ranges.append((action_start, action_end))")),
+    ),
+    # the Experience: a dataclass batched by its fields(), built from named keys
+    "experience": (
+        Fields(O_EXP, "Experience", (
+            "sequences", "attention_mask", "action_mask", "rollout_log_probs", "prompts")),
+        SourceUses(O_EXP, "Experience.concat_experiences", (
+            "field_names = [f.name for f in fields(Experience)]", "return Experience(**result)")),
+        SourceUses(O_EXP, "split_experience_batch", (
+            "for f in fields(Experience):",
+            "kwargs[f.name] = [value[i]] if len(value) == batch_size else value")),
+        SourceUses(O_EXP, "make_experience_batch", (
+            "for f in fields(Experience):", "itertools.chain.from_iterable(")),
+        Function(O_SAMPLES, "SamplesGenerator._process_response_into_experience", (
+            "self", "response", "generate_kwargs")),
+        SourceUses(O_SAMPLES, "SamplesGenerator._process_response_into_experience", (
+            'truncate_length = generate_kwargs.get("max_len", 2048)',
+            "action_mask = action_mask[1:truncate_length]", "return Experience(")),
+    ),
+    # the old and reference log-probabilities: one forward per micro-batch item
+    "old_logprobs": (
+        Function(O_MAKER, "RemoteExperienceMaker.make_experience", ("self", "samples_list")),
+        Function(O_MAKER, "RemoteExperienceMaker._dispatch_forward", (
+            "self", "group", "sync_condition", "kwargs")),
+        SourceUses(O_MAKER, "RemoteExperienceMaker.make_experience", (
+            "sequences=sequences_list, action_mask=action_mask_list, "
+            "attention_mask=attention_mask_list",
+            "self.actor_model_group,", "self.initial_model_group,")),
+        SourceUses(O_LAUNCHER, "RayActorGroup.async_run_method_batch", (
+            "chunk_data = {key: value[start_idx:end_idx] for key, value in kwargs.items()}",)),
+        SourceUses(O_LAUNCHER, "BaseModelActor.execute_batch", (
+            "result = func(**sample_kwargs)",)),
+        Function(O_PPO_ACTOR, "PolicyModelActor.forward", (
+            "sequences", "action_mask", "attention_mask", "packed_seq_lens",
+            "mm_train_inputs_list")),
+        SourceUses(O_PPO_ACTOR, "PolicyModelActor.forward", ("action_log_probs = self.actor(",)),
+        Function(O_LAUNCHER, "ReferenceModelActor.forward", (
+            "sequences", "action_mask", "attention_mask", "return_output",
+            "packed_seq_lens", "mm_train_inputs_list")),
+        SourceUses(O_LAUNCHER, "ReferenceModelActor.forward", ("log_probs = self.model(",)),
+    ),
+    # the training step: pi_theta from Actor.forward, then PolicyLoss
+    "train_step": (
+        Function(O_PPO_ACTOR, "ActorPPOTrainer.training_step", (
+            "self", "experience", "kl_ctl", "step", "loss_batch_info")),
+        SourceUses(O_PPO_ACTOR, "ActorPPOTrainer.training_step", (
+            "action_log_probs, output = self.actor(",
+            "old_action_log_probs = experience.action_log_probs",
+            "rollout_log_probs=experience.rollout_log_probs")),
+    ),
+    # Actor.forward: temperature-scaled float32 logits, column j predicts token j + 1;
+    # PolicyLoss's correction compares old and rollout log-probabilities
+    "actor_forward": (
+        Function(O_ACTOR, "Actor.forward", (
+            "self", "sequences", "action_mask", "attention_mask", "return_output",
+            "allgather_logits", "return_logprobs", "ring_attn_group", "packed_seq_lens",
+            "return_entropy", "mm_inputs")),
+        SourceUses(O_ACTOR, "Actor.forward", (
+            'output["logits"] = output["logits"].to(torch.float32)',
+            'output["logits"].div_(self.temperature)', "if self.packing_samples:",
+            "log_probs = log_probs[:, :-1]",
+            "action_log_probs = log_probs[:, -action_mask.shape[1] :] * action_mask.float()",
+            "return (action_log_probs, output) if return_output else action_log_probs")),
+        Function(O_LOSS, "PolicyLoss.forward", (
+            "self", "log_probs", "old_log_probs", "advantages", "action_mask",
+            "rollout_log_probs", "dp_size", "batch_num_tokens", "global_batch_size")),
+        SourceUses(O_LOSS, "PolicyLoss.forward", (
+            "is_log_ratio = (old_log_probs - rollout_log_probs).detach()",)),
     ),
 }
