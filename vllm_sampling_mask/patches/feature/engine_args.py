@@ -103,6 +103,15 @@ def apply(module, release: Release) -> None:
     from vllm.logger import init_logger
     logger = init_logger("vllm.sampling_mask")
 
+    def runs_v2(config=None) -> bool:
+        """Model Runner V2: the only runner from 0.34 (`Release.v1_runner`), else the
+        engine's choice (VLLM_USE_V2_MODEL_RUNNER before the config is built)."""
+        if not release.v1_runner:
+            return True
+        if config is None:
+            return envs.VLLM_USE_V2_MODEL_RUNNER is True
+        return bool(config.use_v2_model_runner)
+
     @wraps(module, "EngineArgs.create_engine_config")
     def create_engine_config(wrapped, self, args, kwargs):
         if not self.return_sampling_mask and return_mask_from_env():
@@ -116,7 +125,7 @@ def apply(module, release: Release) -> None:
                         "ids, a step may return."])
             _raise(startup_errors(
                 logprobs_mode=self.logprobs_mode,
-                use_v2_model_runner=envs.VLLM_USE_V2_MODEL_RUNNER is True,
+                use_v2_model_runner=runs_v2(),
                 speculative=self.speculative_config,
                 logits_processors=self.logits_processors, runner_type="generate",
                 is_diffusion=False,
@@ -126,7 +135,7 @@ def apply(module, release: Release) -> None:
             mc = config.model_config
             _raise(startup_errors(
                 logprobs_mode=mc.logprobs_mode,
-                use_v2_model_runner=config.use_v2_model_runner,
+                use_v2_model_runner=runs_v2(config),
                 speculative=config.speculative_config,
                 logits_processors=mc.logits_processors,
                 runner_type=mc.runner_type,
@@ -134,7 +143,7 @@ def apply(module, release: Release) -> None:
                 batch_sharded_sampling=bool(getattr(config.parallel_config, BATCH_SHARDED,
                                                     False))))
             logger.info("Sampling masks on: every generated token returns its support "
-                        "(%s).", "Model Runner V2" if config.use_v2_model_runner
+                        "(%s).", "Model Runner V2" if runs_v2(config)
                         else "V1 model runner")
         return config
 

@@ -91,7 +91,7 @@ def apply(module, release: Release) -> None:
                 f"request {with_tokens[0].request_id} got tokens but "
                 "ModelRunnerOutput.sampling_mask_step is None")
         failed = []
-        for out, problem in _attach(with_tokens, masks, model_runner_output.req_id_to_index,
+        for out, problem in _attach(with_tokens, masks, _rows(model_runner_output),
                                     logger):
             request = requests.get(out.request_id)
             if (request is not None and request.sampling_params is not None
@@ -106,6 +106,15 @@ def apply(module, release: Release) -> None:
         if failed:
             self.finish_requests(failed, RequestStatus.FINISHED_ERROR)
         return outputs
+
+
+def _rows(model_runner_output) -> dict:
+    """Request id -> its row of the step: `req_id_to_index` up to 0.33, the order of
+    `req_ids` from 0.34 (which dropped the mapping)."""
+    index = getattr(model_runner_output, "req_id_to_index", None)
+    if index is None:
+        index = {req_id: i for i, req_id in enumerate(model_runner_output.req_ids)}
+    return index
 
 
 def _attach(outs: list, masks, index: dict, logger) -> list:
