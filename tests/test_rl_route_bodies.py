@@ -15,7 +15,10 @@ refused reload leaves one log line (`rl_route_bodies`, `abort_request_ids`,
 - a reload refused by its checks: the engine core's and the worker's log carry one
   line each, no traceback (upstream: three tracebacks);
 - after all of them the server is healthy, not paused, and a seeded masked request
-  gives the tokens and masks it gave before.
+  gives the tokens and masks it gave before;
+- `--tokens-only`'s `/abort_requests` (the release's own `attach_router` on an app
+  without an engine): a bad `request_ids` is refused before the route's background
+  abort.
 """
 
 from __future__ import annotations
@@ -141,3 +144,26 @@ def test_a_refused_reload_logs_one_line_per_process(mask_server, mask_server_log
     workers = [line for line in lines if "refused in the worker" in line]
     assert len(workers) <= 1 and "WorkerProc hit an exception" not in new, new[-3000:]
     serves_as_before(mask_server, before)
+
+
+def test_the_tokens_only_abort_route_refuses_before_its_background_task(release):
+    """`--tokens-only`'s `/abort_requests` as the release's own `attach_router` adds
+    it (up to 0.31 inside `attach_router`; from 0.32 `abort_router`), on an app
+    with no engine: a bad `request_ids` is refused before the route's background
+    abort (upstream answered 200, or 500 here where no engine is reachable)."""
+    import importlib
+    from argparse import Namespace
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from vllm.exceptions import VLLMValidationError
+
+    app = FastAPI()
+    app.state.args = Namespace(tokens_only=True)
+    importlib.import_module(release.module("generate_router")).attach_router(app)
+    client = TestClient(app)
+    for body, parameter in (({"request_ids": 5}, "request_ids"),
+                            ({"request_ids": [1]}, "request_ids"), ([1], "body")):
+        with pytest.raises(VLLMValidationError) as refusal:
+            client.post("/abort_requests", json=body)
+        assert refusal.value.parameter == parameter, refusal.value
