@@ -135,6 +135,25 @@ def rollout_actor():
         ray.kill(actor)
 
 
+def test_the_launcher_runs_openrlhfs_train_ppo_ray_as_main(rollout_actor, capsys):
+    """The launcher hands its arguments to OpenRLHF's own CLI (here `--help`, which
+    stops after argparse; a training run needs GPU bundles) in a process connected to
+    Ray, so OpenRLHF's `train` keeps the job's runtime environment."""
+    import sys
+
+    flash_attn_stand_in.install()
+    argv = list(sys.argv)
+    with pytest.raises(SystemExit) as stop:
+        adapter.main(["--help"])
+    sys.argv = argv
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert "--train.agent_func_path" in out and "--algo.advantage.is_correction_level" in out
+    env = adapter.runtime_env()
+    assert env["env_vars"]["VLLM_SAMPLING_MASK_RETURN"] == "1"
+    assert env["worker_process_setup_hook"] == "vllm_sampling_mask.integrations.openrlhf.install"
+
+
 def _params(max_tokens, seed, **extra):
     from vllm import SamplingParams
 

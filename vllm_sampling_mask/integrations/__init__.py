@@ -22,4 +22,13 @@ itself (``import vllm_sampling_mask.integrations`` imports none of them):
     ``extra_fields``, and ``FSDPEngineWithLMHead.prepare_model_outputs`` takes the
     response log-probabilities over it. Its reliance on verl is ``VERL_SEAMS`` in
     ``integrations.seams``, checked by ``tests/test_framework_seams.py``.
+
+``vllm_sampling_mask.integrations.openrlhf``
+    Run as ``python -m vllm_sampling_mask.integrations.openrlhf <train_ppo_ray
+    arguments>`` (OpenRLHF has no plugin mechanism): its patches, installed in every
+    Ray worker, carry each sample's mask from ``RolloutRayActor`` into the
+    ``Experience`` and take ``Actor.forward``'s log-probabilities over it, so the old
+    log-probabilities and ``PolicyLoss``'s correction read the support. Its patches
+    are recorded in ``PATCHES``; its reliance on OpenRLHF is ``OPENRLHF_SEAMS`` in
+    ``integrations.seams``, checked by ``tests/test_framework_seams.py``.
 """
