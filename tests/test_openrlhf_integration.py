@@ -277,6 +277,10 @@ def test_old_log_probs_over_the_support_equal_the_engines_and_stock_do_not(actor
     assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5), ratio
     stock_ratio = _ratio(stock, batch)
     assert (stock_ratio - 1).abs().max() > 1e-2, stock_ratio    # OpenRLHF as shipped
+    print(f"\nOpenRLHF Actor.forward, {ratio.numel()} action tokens: largest |ratio - 1| "
+          f"{float((ratio - 1).abs().max()):.2g} over the support, "
+          f"{float((stock_ratio - 1).abs().max()):.2g} over the full softmax "
+          f"(stock ratios {float(stock_ratio.min()):.3g} to {float(stock_ratio.max()):.3g})")
     # the same through the explicit argument
     with torch.no_grad():
         direct = actor(batch.sequences, batch.action_mask, batch.attention_mask,
@@ -292,6 +296,7 @@ def test_old_log_probs_over_the_support_equal_the_engines_and_stock_do_not(actor
     _, _, _, stock_kl, _ = loss_fn(stock, stock, advantages, action_mask=batch.action_mask,
                                    rollout_log_probs=batch.rollout_log_probs)
     assert abs(float(stock_kl)) > 1e-3
+    print(f"PolicyLoss vllm_kl: {float(vllm_kl):.2g} with masks, {float(stock_kl):.2g} without")
 
 
 def test_the_loss_gradient_reaches_only_each_tokens_support(actor, batch):
