@@ -198,6 +198,18 @@ def test_rollout_actor_returns_the_engines_mask_one_support_per_generated_token(
     assert any(len(r) > 1 for out in responses for r in _rows(out[adapter.MASK_KEY]))
 
 
+def test_a_greedy_request_gets_empty_rows_and_is_served(rollout_actor, tokenizer):
+    from vllm import SamplingParams
+
+    out, = rollout_actor.ray.get(rollout_actor.actor.generate_responses.remote(
+        prompt=PROMPTS[0], label="", max_length=MAX_LEN, hf_tokenizer=tokenizer,
+        sampling_params=SamplingParams(temperature=0.0, max_tokens=6, logprobs=1),
+        num_samples=1), timeout=300)
+    (start, end), = out["action_ranges"]
+    assert end > start
+    assert _rows(out[adapter.MASK_KEY]) == [[]] * end   # no mask: the full softmax
+
+
 def _experiences(responses):
     from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 

@@ -24,9 +24,9 @@ every process of the job: the launcher below does that), each patch a record in
   per sample: `(ids, offsets)` over the sample's action positions, or None), which
   OpenRLHF's own batching then carries like `prompts`.
 - `rollout`: `RolloutRayActor.generate_responses` hands its executor an engine that
-  asks each request for the mask and records it; the sample's dict gets
-  `"sampling_mask"` over its observation tokens (empty rows outside the action
-  ranges, e.g. prompt and environment tokens).
+  records each request's mask; the sample's dict gets `"sampling_mask"` over its
+  observation tokens (empty rows outside the action ranges, e.g. prompt and
+  environment tokens, and for requests without a mask: greedy or untruncated).
 - `experience`: `_process_response_into_experience` puts it on the `Experience`,
   cut like the action mask.
 - `old_logprobs`: `make_experience` / `_dispatch_forward` send each micro-batch's
@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import copy
 import dataclasses
 import functools
 import logging
@@ -309,8 +308,11 @@ def patch_experience(module) -> None:
 
 
 class _RecordingEngine:
-    """The rollout actor as an executor sees it, with `generate` asking each request
-    for the mask and recording it, in call order."""
+    """The rollout actor as an executor sees it, with `generate` recording each
+    request's mask, in call order. A request's own `return_sampling_mask` (in its
+    `extra_args`) is kept; without one the engine's default applies: a mask where the
+    sampling truncates (temperature > 0 and top-k, top-p or min-p), none otherwise
+    (greedy, untruncated: empty rows, the full softmax)."""
 
     def __init__(self, actor):
         self._actor = actor
@@ -320,25 +322,25 @@ class _RecordingEngine:
         return getattr(self._actor, name)
 
     async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
-        from vllm_sampling_mask.validation import MASK_ARG
-
-        params = copy.deepcopy(sampling_params)
-        extra = dict(getattr(params, "extra_args", None) or {})
-        extra[MASK_ARG] = True
-        params.extra_args = extra
-        output = await self._actor.generate(prompt_token_ids, params,
+        output = await self._actor.generate(prompt_token_ids, sampling_params,
                                             multi_modal_data=multi_modal_data)
         out = output.outputs[0]
         error = getattr(out, "sampling_mask_error", None)
         if error is not None:
             raise ValueError(f"sampling mask of request {output.request_id}: {error}")
+        n = len(out.token_ids)
         mask = getattr(out, "sampling_mask", None)
-        if mask is None or len(mask) != len(out.token_ids):
-            raise RuntimeError(
-                f"the engine returned no sampling mask for the {len(out.token_ids)} tokens "
-                f"of request {output.request_id}: start it with return_sampling_mask "
-                "(VLLM_SAMPLING_MASK_RETURN=1 in the rollout actors' environment)")
-        self.masks.append(_pair(mask))
+        if mask is None:
+            self.masks.append((np.zeros(0, np.int32), np.zeros(n + 1, np.int64)))
+            return output
+        ids, offsets = _pair(mask)
+        if len(offsets) - 1 > n:
+            raise RuntimeError(f"the engine returned {len(offsets) - 1} supports for the "
+                               f"{n} tokens of request {output.request_id}")
+        # a mask that stopped early (the engine's size limit, `sampling_mask_reason`)
+        # has no supports for the tokens after: empty rows, the full softmax
+        offsets = np.concatenate([offsets, np.full(n + 1 - len(offsets), offsets[-1])])
+        self.masks.append((ids, offsets.astype(np.int64)))
         return output
 
 
