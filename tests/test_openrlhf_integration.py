@@ -377,7 +377,8 @@ def test_install_patches_openrlhfs_modules_as_they_load():
     from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
 
     assert adapter.MASK_KEY in [f.name for f in dataclasses.fields(Experience)]
-    assert Experience().sampling_mask == [] and Experience(sampling_mask=[None]).sampling_mask == [None]
+    assert Experience().sampling_mask == []
+    assert Experience(sampling_mask=[None]).sampling_mask == [None]
     patched = [
         adapter._actor_class(RolloutRayActor).generate_responses,
         SamplesGenerator._process_response_into_experience,

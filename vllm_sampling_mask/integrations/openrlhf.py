@@ -65,15 +65,12 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-import logging
 from typing import Optional, Sequence
 
 import numpy as np
 
 __all__ = ["MASK_KEY", "PATCHES", "install", "runtime_env", "observation_rows",
            "action_rows", "support_log_probs", "masks_for_forward", "main"]
-
-logger = logging.getLogger(__name__)
 
 # the key in the executor's dict and the Experience field
 MASK_KEY = "sampling_mask"
