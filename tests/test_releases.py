@@ -49,7 +49,8 @@ def test_0_33_and_0_34_run_on_a_cpu_host_from_the_cuda_wheel():
         "generate_choices": {"GenerateTokensResponse": "GenerateTokensChoice",
                              "GenerateTextResponse": "GenerateTextChoice",
                              "GenerateDerenderResponse": "GenerateDerenderChoice"},
-        "cpu_extra": False, "cuda_extra": False, "cpu_host": "cuda-wheel", "triton": "3.8"}
+        "cpu_extra": False, "cuda_extra": False, "cpu_host": "cuda-wheel", "triton": "3.8",
+        "cli_args": "vllm.entrypoints.common.cli_args"}
     assert _changed(v33, v34) == {"cpu_ops": "vllm._cpu_ops", "v1_runner": False,
                                   "v1_cpu_speculation": False}
     # the V1 runner's patches end with 0.34; the CPU-op enablers hold everywhere
@@ -338,7 +339,7 @@ def test_mrv2_speculators_are_what_the_release_accepts(release, method, monkeypa
         assert "Model Runner V2 does not yet support" in str(exc), exc
         assert method not in release.mrv2_speculators
     else:
-        assert config.use_v2_model_runner
+        assert not release.v1_runner or config.use_v2_model_runner  # 0.34: MRv2 alone
         assert method in release.mrv2_speculators
 
 

@@ -266,6 +266,7 @@ V0_33 = _after(
                       "GenerateDerenderResponse": "GenerateDerenderChoice"},
     cpu_extra=False,
     cuda_extra=False,
+    modules={"cli_args": "vllm.entrypoints.common.cli_args"},
     cpu_host="cuda-wheel",
     triton="3.8",
 )
