@@ -4,7 +4,8 @@ refused reload leaves one log line (`rl_route_bodies`, `abort_request_ids`,
 `--weight-transfer-config`), on every release:
 
 - `/abort_requests` (0.27.1 on; `/inference/v1/abort_requests` from 0.32) with a
-  `request_ids` that is no list of strings, or a body that is no object: a 400
+  `request_ids` that is neither a string nor a list of strings, or a body that is
+  no object: a 400
   naming `request_ids` (upstream: 500 "'int' object is not iterable", or 200 with
   the abort failing in a background task);
 - each weight-transfer route on the release with a body it takes: a 400 naming
@@ -76,16 +77,16 @@ def test_abort_request_ids_that_cannot_run_are_400s(mask_server, release, before
     if not abort_paths(release):
         pytest.skip(f"vLLM {release.version}'s RL routes have no /abort_requests")
     for path in abort_paths(release):
-        for ids in (5, [1, 2], ["a", 3], {"a": 1}, "abc", 1.5, True):
+        for ids in (5, [1, 2], ["a", 3], {"a": 1}, 1.5, True):
             r = requests.post(mask_server + path, json={"request_ids": ids}, timeout=60)
             refused(r, "request_ids", "request_ids must", "list of request-id strings"
                     if not isinstance(ids, list) else "strings only")
         refused(requests.post(mask_server + path, json=[1], timeout=60), "body",
                 "JSON object")
         # what upstream takes still runs: ids it does not know abort nothing
-        r = requests.post(mask_server + path, json={"request_ids": ["no-such-id"]},
-                          timeout=60)
-        assert r.status_code == 200, r.text[:300]
+        for ids in (["no-such-id"], "no-such-id"):
+            r = requests.post(mask_server + path, json={"request_ids": ids}, timeout=60)
+            assert r.status_code == 200, r.text[:300]
     serves_as_before(mask_server, before)
 
 

@@ -5,8 +5,9 @@ for vLLM's dev-mode RL routes (`/abort_requests`, the weight-transfer routes) an
 token-in/token-out abort routes, and refuses a body that cannot run with HTTP 400
 naming the parameter and the fix.
 
-- `/abort_requests` (`/inference/v1/abort_requests`): `request_ids` is a list of
-  request-id strings (left out, null or empty: what upstream does with none);
+- `/abort_requests` (`/inference/v1/abort_requests`): `request_ids` is a request-id
+  string or a list of them (left out, null or empty: what upstream does with none;
+  0.34's token-in/token-out route declares the same, `str | list[str]`);
 - the weight-transfer routes take only the fields upstream's endpoint reads
   (`ROUTE_FIELDS`, by release): any other field is refused by name, where upstream
   ignored it and answered 200;
@@ -68,11 +69,11 @@ def request_ids_problem(body: dict) -> tuple[str, str] | None:
     """(the parameter, what is wrong and the fix) for an abort body whose
     `request_ids` cannot run, or None."""
     ids = body.get("request_ids")
-    if ids is None:
+    if ids is None or isinstance(ids, str):
         return None
     if not isinstance(ids, list):
         return "request_ids", ("request_ids must be a list of request-id strings "
-                               f"(e.g. [\"cmpl-1\"]), not {_shown(ids)}")
+                               f"(e.g. [\"cmpl-1\"]) or one such string, not {_shown(ids)}")
     bad = [i for i in ids if not isinstance(i, str)]
     if bad:
         return "request_ids", ("request_ids must hold request-id strings only "

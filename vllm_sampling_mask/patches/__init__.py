@@ -199,18 +199,18 @@ _RECORDS = (
           "500 ('list' object has no attribute 'get'); 0.32.0's route checks it",
           "0.31 is dropped (fixed upstream in 0.32.0)", until="0.32.0"),
     Patch("rl_route_bodies", ("{rl_router}",), API, X,
-          NONE_KNOWN + "the RL routes answer a request_ids that is no list of strings "
-          "and a missing weight-transfer backend with 500 ('Weight transfer not "
-          "configured' from the worker), and ignore unknown body fields "
+          NONE_KNOWN + "the RL routes answer a request_ids that is neither a string nor "
+          "a list of strings and a missing weight-transfer backend with 500 ('Weight "
+          "transfer not configured' from the worker), and ignore unknown body fields "
           "(/start_weight_update {\"bogus\": 1} answered 200)",
           "upstream's RL routes validate their bodies (extra fields forbidden) and "
           "check for a weight-transfer backend before calling the workers"),
     Patch("abort_request_ids", ("{generate_router}",), API, X,
           NONE_KNOWN + "/inference/v1/abort_requests answers 200 for a request_ids "
-          "that is no list of strings (the abort fails in a background task) and 500 "
-          "for a body that is no object",
-          "upstream's token-in/token-out abort route validates its body before "
-          "answering"),
+          "that is neither a string nor a list of strings (the abort fails in a "
+          "background task) and 500 for a body that is no object",
+          "0.33 is dropped (0.34.0's route validates its body: "
+          "`AbortRequestsRequest`, `request_ids: str | list[str]`)", until="0.34.0"),
     Patch("rpc_refusal_log", ("vllm.v1.executor.abstract",), ANY, X,
           NONE_KNOWN + "a utility call's failure logs its traceback in the worker "
           "(twice) and the engine core, also where the caller's input was refused",

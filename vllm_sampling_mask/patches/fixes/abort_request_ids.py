@@ -9,9 +9,10 @@ What: on the import of the token-in/token-out router module (the release's
     `/abort_requests` route that `attach_router` adds to its router with
     `--tokens-only`, replaced as `attach_router` includes that router (it is handed
     the app behind a proxy whose `include_router` checks the router's abort routes
-    first). A body that is not a JSON object, or a `request_ids` that is not a list
-    of strings, is refused with the release's validation error naming the
-    parameter (HTTP 400); everything else goes to upstream's endpoint unchanged.
+    first). A body that is not a JSON object, or a `request_ids` that is neither a
+    string nor a list of strings, is refused with the release's validation error
+    naming the parameter (HTTP 400); everything else goes to upstream's endpoint
+    unchanged.
 Why: upstream's endpoint calls `body.get("request_ids")` on whatever JSON it
     parsed (a body that is no object: HTTP 500, "'list' object has no attribute
     'get'") and hands any `request_ids` to `AsyncLLM.abort` in a background task: a
@@ -19,7 +20,8 @@ Why: upstream's endpoint calls `body.get("request_ids")` on whatever JSON it
     aborted and the caller never told.
 Upstream: none known; would file "/inference/v1/abort_requests answers 200 for a
     request_ids that cannot be aborted, and 500 for a body that is not an object".
-Remove when: upstream's abort route validates its body before answering.
+Remove when: 0.33 is dropped (`until="0.34.0"`: 0.34.0's route validates its body
+    with a model of its own, `request_ids: str | list[str]`).
 """
 
 from __future__ import annotations

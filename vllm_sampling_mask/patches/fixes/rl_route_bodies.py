@@ -7,11 +7,10 @@ What: on the import of vLLM's RL router module (the release's `rl_router` role:
     `/start_weight_update`, `/start_draft_weight_update`, `/update_weights`,
     `/finish_weight_update`) in the module's router (before `build_app` includes it;
     `abort_request_ids` does the same for the token-in/token-out abort routes).
-    Each new endpoint reads the body first
-    (`rl_route_bodies.body_problem`): a body that is not a JSON object, a
-    `request_ids` that is not a list of strings, or a field the route's endpoint
-    does not read on this release is refused with the release's validation error
-    naming the parameter (HTTP 400); a weight-transfer route on a server started
+    Each new endpoint reads the body first (`rl_route_bodies.body_problem`): a
+    body that is not a JSON object, a `request_ids` that is neither a string nor a
+    list of strings, or a field the route's endpoint does not read on this release
+    is refused with the release's validation error naming the parameter (HTTP 400); a weight-transfer route on a server started
     without `--weight-transfer-config` is refused the same way, naming it, before
     any worker is called. Everything else goes to upstream's endpoint unchanged (it
     reads the body again from the request's cache).
