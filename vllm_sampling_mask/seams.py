@@ -157,6 +157,8 @@ EXC_HANDLERS = "vllm.entrypoints.serve.exception_handling.handlers"
 # the releases that changed a seam: entries before one say `until=` it, from it `since=`
 R27, R28, R29, R30, R31, R32 = "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0"
 R33, R34 = "0.33.0", "0.34.0"
+# `reload_weights`' parameters (the runner's; the worker's own from 0.34)
+_RELOAD = ("self", "weights_iterator", "weights_path", "is_checkpoint_format")
 # Where a runner adapter asks whether its worker is the executor's output rank
 # (`patches/_runner.py`): the groups, and the executor's own definition of that rank.
 _PS = "vllm.distributed.parallel_state"
@@ -244,20 +246,28 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     ),
     "interpreter_top_k_top_p": (
         _f("triton.runtime.interpreter", "_patch_lang_core", "lang", "scope"),
-        _f(TKTP, "apply_top_k_top_p", "logits", "k", "p"),
+        _f(TKTP, "apply_top_k_top_p", "logits", "k", "p", until=R33),
+        _f(TKTP, "apply_top_k_top_p", "logits", "k", "p", "has_topp_only_rows", since=R33),
         _f(TKTP, "apply_top_k_top_p_pytorch", "logits", "k", "p", "allow_cpu_sync"),
     ),
     "interpreter_masks": (
-        # Triton 3.6 (0.24's torch), then 3.9 (`Release.triton`)
+        # Triton 3.6 (0.24's torch), then 3.9, then 3.8 (0.33's torch 2.14) with 3.6's
+        # parameters (`Release.triton`)
         _f("triton.runtime.interpreter", "InterpreterBuilder.create_masked_load", "self",
            "ptrs", "mask", "other", "cache_modifier", "eviction_policy", "is_volatile",
            until="0.27.1"),
+        _f("triton.runtime.interpreter", "InterpreterBuilder.create_masked_load", "self",
+           "ptrs", "mask", "other", "cache_modifier", "eviction_policy", "is_volatile",
+           since=R33),
+        _f("triton.runtime.interpreter", "InterpreterBuilder.create_masked_store", "self",
+           "ptrs", "value", "mask", "cache_modifier", "eviction_policy", since=R33),
         _f("triton.runtime.interpreter", "InterpreterBuilder.create_masked_store", "self",
            "ptrs", "value", "mask", "cache_modifier", "eviction_policy", until="0.27.1"),
         _f("triton.runtime.interpreter", "InterpreterBuilder.create_masked_load", "self",
-           "ptrs", "mask", "other", "cache_policy", "is_volatile", since="0.27.1"),
+           "ptrs", "mask", "other", "cache_policy", "is_volatile", since="0.27.1",
+           until=R33),
         _f("triton.runtime.interpreter", "InterpreterBuilder.create_masked_store", "self",
-           "ptrs", "value", "mask", "cache_policy", since="0.27.1"),
+           "ptrs", "value", "mask", "cache_policy", since="0.27.1", until=R33),
         _n("triton.runtime.interpreter", "TensorHandle"),
     ),
     "interpreter_dummy_run": (
@@ -294,7 +304,9 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _s("vllm.platforms", "cpu_platform_plugin", '"vllm.platforms.cpu.CpuPlatform"'),
     ),
     "cpu_reload_tied_lm_head": (
-        _f("vllm.v1.worker.gpu_worker", "Worker.reload_weights", "self", "args", "kwargs"),
+        _f("vllm.v1.worker.gpu_worker", "Worker.reload_weights", "self", "args", "kwargs",
+           until=R34),
+        _f("vllm.v1.worker.gpu_worker", "Worker.reload_weights", *_RELOAD, since=R34),
         _n("vllm.model_executor.layers.vocab_parallel_embedding",
            "UnquantizedEmbeddingMethod.process_weights_after_loading"),
         _s("vllm.model_executor.layers.vocab_parallel_embedding",
@@ -311,7 +323,9 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _n("vllm.model_executor.model_loader.reload.layerwise", "get_layerwise_info"),
         _n("vllm.model_executor.model_loader.reload.layerwise", "LayerReloadingInfo.can_load"),
         _f("vllm.model_executor.model_loader.reload.layerwise", "initialize_layerwise_reload",
-           "model"),
+           "model", until=R34),
+        _f("vllm.model_executor.model_loader.reload.layerwise", "initialize_layerwise_reload",
+           "model", "defer_processing", since=R34),
         _n("vllm.model_executor.model_loader.reload.layerwise", "finalize_layerwise_reload"),
         _s("vllm.model_executor.model_loader.utils", "initialize_model",
            "record_metadata_for_reloading(model)"),
@@ -319,9 +333,11 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "dispatch_cpu_unquantized_gemm(layer, remove_weight=True)"),
     ),
     "reload_weights_recovery": (
-        _f("vllm.v1.worker.gpu_worker", "Worker.reload_weights", "self", "args", "kwargs"),
-        _f(V1, "GPUModelRunner.reload_weights", "self", "weights_iterator", "weights_path",
-           "is_checkpoint_format"),
+        _f("vllm.v1.worker.gpu_worker", "Worker.reload_weights", "self", "args", "kwargs",
+           until=R34),
+        _f("vllm.v1.worker.gpu_worker", "Worker.reload_weights", *_RELOAD, since=R34),
+        _f(V1, "GPUModelRunner.reload_weights", *_RELOAD, until=R34),
+        _f(f"{GPU}.model_runner", "GPUModelRunner.reload_weights", *_RELOAD, since=R34),
         _n("vllm.model_executor.model_loader.reload.layerwise", "LAYERWISE_INFO"),
         _n("vllm.model_executor.model_loader.reload.layerwise", "LOADING_LAYERS"),
         _n("vllm.model_executor.model_loader.reload.types", "LayerReloadingInfo.reset"),
@@ -602,7 +618,10 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _f(f"{GPU}.spec_decode.rejection_sampler", "RejectionSampler.__call__", "self",
            "logits", "input_batch", "draft_logits", until="0.32.0"),
         _f(f"{GPU}.spec_decode.rejection_sampler", "RejectionSampler.__call__", "self",
-           "logits", "input_batch", "draft_logits", "invalid_drafts", since="0.32.0"),
+           "logits", "input_batch", "draft_logits", "invalid_drafts", since="0.32.0",
+           until=R34),
+        _f(f"{GPU}.spec_decode.rejection_sampler", "RejectionSampler.__call__", "self",
+           "logits", "input_batch", "draft_logits", since=R34),
         # every position's processed logits come from the sampler's own processing
         # (shadowed on the instance), rows per request from the host cumsum
         _s(f"{GPU}.spec_decode.rejection_sampler", "RejectionSampler",
@@ -701,9 +720,15 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     "generate_endpoint": (
         _f(TITO, "ServingTokens.serve_tokens", "self", "request", "raw_request"),
         _f(TITO, "ServingTokens.serve_tokens_full_generator", "self", "request",
-           "result_generator", "request_id", "model_name", "request_metadata"),
+           "result_generator", "request_id", "model_name", "request_metadata", until=R33),
+        _f(TITO, "ServingTokens.serve_tokens_full_generator", "self", "request",
+           "result_generator", "request_id", "model_name", "request_metadata",
+           "derender_request", since=R33),
         _f(TITO, "ServingTokens.serve_tokens_stream_generator", "self", "request",
-           "result_generator", "request_id", "model_name", "request_metadata"),
+           "result_generator", "request_id", "model_name", "request_metadata", until=R34),
+        _f(TITO, "ServingTokens.serve_tokens_stream_generator", "self", "request",
+           "result_generator", "request_id", "model_name", "request_metadata", "processors",
+           since=R34),
         # the routes: error responses, and the error events `open_stream` turns into them
         _n(TITO_P, "GenerateResponse", until=R32),
         _n(TITO_P, "GenerateResponseBase", since=R32),
