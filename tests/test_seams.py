@@ -20,7 +20,7 @@ from importlib import metadata
 import pytest
 
 from vllm_sampling_mask import SUPPORTED_VLLM, patching, seams
-from vllm_sampling_mask.patches import REGISTRY
+from vllm_sampling_mask.patches import REGISTRY, applied_on, seam_entries
 
 
 def _installed_vllm() -> str | None:
@@ -39,7 +39,7 @@ def _cases(kind, *attrs):
     return [pytest.param(patch, entry.module, entry.name,
                          *[list(getattr(entry, a)) for a in attrs],
                          id=f"{patch}:{entry.name}")
-            for patch, entry in seams.entries(kind, VERSION)]
+            for patch, entry in seam_entries(kind, VERSION)]
 
 
 def _resolve(module: str, dotted: str):
@@ -56,8 +56,8 @@ def _original(fn):
 
 
 def test_every_patch_has_a_contract():
-    covered = {patch for patch, _ in seams.entries(version=VERSION)}
-    applied = {name for name in REGISTRY if seams.patch_applies(name, VERSION)}
+    covered = {patch for patch, _ in seam_entries(version=VERSION)}
+    applied = {name for name in REGISTRY if applied_on(name, VERSION)}
     assert applied <= covered, sorted(applied - covered)
 
 

@@ -1,4 +1,4 @@
-"""vLLM sampling masks for RL rollouts: an overlay on vLLM 0.24 and 0.27 to 0.32.
+"""vLLM sampling masks for RL rollouts: an overlay on the vLLM releases in `releases`.
 
 Installing this package makes the stock `vllm` behave as the fork in every
 process (see `docs/design.md`). This module stays import-light: the site hook

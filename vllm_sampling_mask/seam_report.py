@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import seams as _seams
+from .patches import applied_on
 
 PRESENT, CHANGED, MOVED, GONE, UNCHECKED = "present", "changed", "moved", "gone", "unchecked"
 STATUSES = (PRESENT, CHANGED, MOVED, GONE, UNCHECKED)
@@ -348,8 +349,8 @@ def report(tree: SourceTree, version: str | None = None,
     (default: the tree's own)."""
     version = version or tree.version()
     table = _seams.SEAMS if table is None else table
-    return [check(tree, patch, _seams._resolved(entry, version))
-            for patch, rows in table.items() if _seams.patch_applies(patch, version)
+    return [check(tree, patch, _seams.resolved(entry, version))
+            for patch, rows in table.items() if applied_on(patch, version)
             for entry in rows if _seams.applies(entry, version)]
 
 

@@ -19,20 +19,22 @@ supported releases (`releases.RELEASES`), `since` one (inclusive) `until` the re
 that changed it (exclusive), open-ended by default. When a release changes a seam, the
 old entry gets `until=` that release and a new entry with the release's own shape is
 added beside it with `since=`; a module the release moved is written `{role}` and read
-from the release's profile (`Release.modules`). `for_version()` picks the entries of one
-release; a version that is not listed is read as `releases.nearest(version)`.
+from the release's profile (`Release.modules`); a version that is not listed is read as
+`releases.nearest(version)`. A patch's record reaches its entries (`Patch.seams`), and
+`patches.seam_entries()` picks those of one release, leaving out a patch that is not
+applied there.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterator, Union
+from typing import Union
 
 from vllm_sampling_mask import releases
 from vllm_sampling_mask.releases import Release
 
-__all__ = ["Function", "Name", "Fields", "SourceUses", "Entry", "SEAMS", "for_version",
-           "entries", "applies", "patch_applies", "release_of"]
+__all__ = ["Function", "Name", "Fields", "SourceUses", "Entry", "SEAMS", "applies",
+           "resolved", "release_of"]
 
 Since = Union[str, None]
 
@@ -92,41 +94,11 @@ def applies(entry: Entry, version: str | None) -> bool:
     return version is None or releases.within(release_of(version), entry.since, entry.until)
 
 
-def patch_applies(patch: str, version: str | None) -> bool:
-    """Whether the patch's registry record is applied on vLLM `version`: a patch
-    written for other releases has no contract with this one (its entries are
-    left out, whatever their own span)."""
-    from vllm_sampling_mask.patches import REGISTRY
-
-    record = REGISTRY.get(patch)
-    return record is None or version is None or record.applies_to(release_of(version))
-
-
-def _resolved(entry: Entry, version: str | None) -> Entry:
+def resolved(entry: Entry, version: str | None) -> Entry:
     """`entry` with its `{role}` module read from `version`'s profile (None: as written)."""
     if version is None or not entry.module.startswith("{"):
         return entry
     return replace(entry, module=releases.resolve(entry.module, release_of(version)))
-
-
-def entries(kind: type | None = None, version: str | None = None
-            ) -> Iterator[tuple[str, Entry]]:
-    """(patch, entry) for every entry of `kind` that applies to `version`, its module
-    resolved for that release."""
-    for patch, rows in SEAMS.items():
-        if not patch_applies(patch, version):
-            continue
-        for entry in rows:
-            if (kind is None or isinstance(entry, kind)) and applies(entry, version):
-                yield patch, _resolved(entry, version)
-
-
-def for_version(version: str | None) -> dict[str, tuple[Entry, ...]]:
-    """patch -> the entries that apply to `version` (patches without any are left out)."""
-    out: dict[str, list[Entry]] = {}
-    for patch, entry in entries(version=version):
-        out.setdefault(patch, []).append(entry)
-    return {patch: tuple(rows) for patch, rows in out.items()}
 
 
 def _f(module: str, name: str, *params: str, since: Since = None, until: Since = None

@@ -7,8 +7,11 @@ process it acts in, its kind, the span of releases it is written for (`since`,
 `until`, over `releases.RELEASES`), the upstream issue or PR it stands in for, and
 what would let it go. Where two patches wrap the same upstream function, the outer
 one declares `after=` the inner one (`tests/test_registry.py` fails on an
-undeclared stack), and `patching` applies them in that order. Each module's header
-says what it changes and why; `docs/design.md` has the table.
+undeclared stack), and `patching` applies them in that order. A record is the one
+place a patch's remove-when and `change` (what it changes for the user) are written,
+and it reaches its seam entries (`Patch.seams`: `seams.SEAMS[name]`); each module's
+header says how and why. `docs/design.md`'s patch tables and `docs/releases.md`'s
+record spans are written from the records (`python -m vllm_sampling_mask.patch_docs`).
 
 This module is data: it imports no vLLM and nothing of the machinery that applies
 it (`patching` imports it, never the other way round).
@@ -18,8 +21,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Iterator
 
 from vllm_sampling_mask import releases
+from vllm_sampling_mask import seams as _seams
 from vllm_sampling_mask.releases import Release
 
 
@@ -48,6 +53,12 @@ class Patch:
     since: str | None = None     # the first release it is applied on (None: the oldest)
     until: str | None = None     # the release that no longer needs it (None: none yet)
     after: tuple[str, ...] = ()  # patches whose wrappers this one wraps (applied first)
+    change: str = ""             # what it changes for the user (docs/design.md's tables)
+
+    @property
+    def seams(self) -> tuple:
+        """What it relies on upstream: its entries in `seams.SEAMS`, every release's."""
+        return _seams.SEAMS.get(self.name, ())
 
     @property
     def module(self) -> str:
@@ -303,7 +314,9 @@ _RECORDS = (
     Patch("generate_route", ("vllm.entrypoints.scale_out.factories",), API, F,
           "none: vLLM 0.30 on serves the route only with --enable-scale-out",
           "upstream serves /inference/v1/generate with its sampling-mask flag",
-          since="0.30.0"),
+          since="0.30.0",
+          change="a server with `--return-sampling-mask` serves `/inference/v1/generate` "
+          "(and its abort route) without `--enable-scale-out`, in place of any stubs"),
     Patch("completion_protocol", ("vllm.entrypoints.openai.completion.protocol",), API, F,
           MASK_PR, MASK_GONE),
     Patch("openai_completions", ("vllm.entrypoints.openai.completion.serving",), API, F,
@@ -330,3 +343,27 @@ _RECORDS = (
 )
 
 REGISTRY: dict[str, Patch] = {p.name: p for p in _RECORDS}
+
+
+def applied_on(name: str, version: str | None) -> bool:
+    """Whether patch `name`'s record is applied on vLLM `version` (None: any; a
+    version that is not listed is read as `releases.nearest`): a patch written for
+    other releases has no contract with this one, whatever its entries' own spans."""
+    record = REGISTRY.get(name)
+    if record is None or version is None:
+        return True
+    return record.applies_to(_seams.release_of(version))
+
+
+def seam_entries(kind: type | None = None, version: str | None = None
+                 ) -> Iterator[tuple[str, _seams.Entry]]:
+    """(patch, entry) for every seam entry of `kind` (`seams.Function`, ...) that
+    applies to vLLM `version`, of the patches applied there, its `{role}` module
+    read from that release's profile."""
+    for name, rows in _seams.SEAMS.items():
+        if applied_on(name, version):
+            for entry in rows:
+                if kind is not None and not isinstance(entry, kind):
+                    continue
+                if _seams.applies(entry, version):
+                    yield name, _seams.resolved(entry, version)
