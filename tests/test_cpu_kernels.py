@@ -267,3 +267,16 @@ def test_register_missing_adds_a_kernel_only_where_none_runs_on_cpu():
     assert ck.has_cpu_kernel(f"{ns}::absent")
     # a second call changes nothing
     assert ck.register_missing(ns, "absent", "(int[] ids) -> ()", lambda ids: 1) is None
+
+
+def test_gumbel_argmax_draws_from_the_softmax_and_repeats_per_seed():
+    logits = torch.tensor([[0.0, 1.0, 2.0, float("-inf")]] * 4000)
+    seeds = torch.arange(4000)
+    draws = ck.gumbel_argmax(logits, seeds)
+    assert draws.dtype == torch.int64 and draws.shape == (4000,)
+    assert not (draws == 3).any()                       # -inf is never drawn
+    freq = torch.bincount(draws, minlength=4).double() / 4000
+    want = torch.softmax(logits[0].double(), -1)
+    assert (freq - want).abs().max() < 0.03, (freq, want)
+    assert torch.equal(ck.gumbel_argmax(logits[:50], seeds[:50]), draws[:50])
+    assert not torch.equal(ck.gumbel_argmax(logits[:50], seeds[:50] + 1), draws[:50])

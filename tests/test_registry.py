@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from vllm_sampling_mask import SUPPORTED_VLLM
+from vllm_sampling_mask import SUPPORTED_VLLM, seams
 from vllm_sampling_mask.patches import REGISTRY, Kind, Patch
 from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps, wraps_method
 from vllm_sampling_mask.releases import RELEASES
@@ -52,7 +52,12 @@ def test_each_record_names_its_module_kind_span_and_upstream(name):
     assert record.module == f"vllm_sampling_mask.patches.{record.kind.value}.{name}"
     assert callable(module.apply)
     header = module.__doc__ or ""
-    assert "What" in header and "Remove when" in header, f"{name}: header incomplete"
+    assert "What" in header, f"{name}: header incomplete"
+    # remove-when, the change and the seams are written once, in the record
+    # (docs/design.md's tables are written from it: tests/test_patch_docs.py)
+    assert "Remove when" not in header, f"{name}: remove-when belongs in its record"
+    assert record.change.strip(), f"{name}: the record says what it changes (`change=`)"
+    assert record.seams and record.seams == seams.SEAMS[name], f"{name}: no seams"
     assert record.targets and all(isinstance(t, str) for t in record.targets)
     for bound in (record.since, record.until):   # a listed release, or open-ended
         assert bound is None or bound in SUPPORTED_VLLM, (name, bound)

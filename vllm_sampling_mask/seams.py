@@ -203,6 +203,10 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _f("{cpu_ops}", "cpu_attn_reshape_and_cache", "key", "value", "key_cache",
            "value_cache", "slot_mapping", "isa", "k_scale", "v_scale", "kv_cache_dtype"),
     ),
+    "cpu_op_gumbel_argmax": (
+        _n("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
+        _s(TKTP, "TopKTopPSampler.forward_cpu", "torch.ops._C.fused_gumbel_argmax("),
+    ),
     "cpu_op_attention": (
         _n("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
         _f("{cpu_ops}", "cpu_attention_with_kv_cache", "query", "key_cache", "value_cache",

@@ -16,8 +16,6 @@ What: in `vllm/entrypoints/openai/api_server.py` (0.27.1; `vllm/entrypoints/laun
 Why: a soak test (`scripts/soak.py`, `tests/test_soak.py`) checks that finished
     and aborted requests, streamed or not, with masks or not, leave nothing
     behind in any process.
-Remove when: keep: a test/diagnostic aid; upstream has no per-request state
-    endpoint.
 """
 
 from __future__ import annotations

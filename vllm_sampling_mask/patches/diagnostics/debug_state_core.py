@@ -25,8 +25,6 @@ What: in `vllm/v1/engine/core.py`, only when `VLLM_SAMPLING_MASK_DEBUG_STATE=1`
 Why: a soak test (`scripts/soak.py`, `tests/test_soak.py`) must see that
     finished and aborted requests leave nothing behind in the engine-core and
     worker processes, which a client cannot otherwise observe.
-Remove when: keep: a test/diagnostic aid; upstream has no per-request state
-    endpoint.
 """
 
 from __future__ import annotations

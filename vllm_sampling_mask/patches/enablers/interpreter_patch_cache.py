@@ -10,8 +10,6 @@ Why: MRv2's Gumbel sampler calls nested device functions (`tl.rand`, Philox,
     `gumbel_block_argmax`) per program; re-patching on each call made
     interpreted sampling about 10x slower than the work itself, which is the
     difference between a usable and an unusable CPU test suite.
-Remove when: Triton's interpreter caches its language patching (or MRv2 runs
-    on a CPU Triton backend).
 """
 
 from __future__ import annotations

@@ -24,10 +24,6 @@ Why: compiled Triton makes a `tl.range` loop variable a tensor, but the
     path would use that kernel for every batch size. This patch makes it run,
     so a test can check masks against what the GPU kernel keeps, while the
     other CPU tests keep the CPU host's own top-k/top-p.
-Remove when: Triton's interpreter yields tensors from `tl.range` (its
-    `_patch_lang_core` maps `tl.range` to Python's `range`), or
-    `_topk_topp_kernel` stops calling tensor methods on its `tl.range`
-    variable, or interpreter_has_triton goes.
 """
 
 from __future__ import annotations

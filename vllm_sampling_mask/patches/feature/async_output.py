@@ -12,9 +12,6 @@ What: in `vllm/v1/worker/gpu/async_utils.py`, declares
     scheduler (`scheduler` patch).
 Why: the runner's existing asynchronous device-to-host path: the mask adds
     no host synchronisation to the sampler's hot path.
-Remove when: upstream's asynchronous output (vLLM #49577, since 0.28) copies a
-    compacted block as the overlay's does (0.28-0.29 copy a full bitmap per row, 0.30
-    on compact to 2,048 ids); from 0.28 the overlay's copy replaces upstream's.
 """
 
 from __future__ import annotations

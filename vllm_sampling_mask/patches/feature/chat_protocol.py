@@ -23,8 +23,6 @@ What: in `vllm/entrypoints/openai/chat_completion/protocol.py`, replaces
     TypeError, a 400 naming none; vLLM #49144 checks them itself from 0.27).
 Why: the per-request choice must reach the engine from the OpenAI client
     (`extra_body={"return_sampling_mask": ...}`), and the mask must reach it back.
-Remove when: upstream declares these fields (vLLM #49577, in 0.28, declares the
-    mask on the generate route's choices only).
 """
 
 from __future__ import annotations

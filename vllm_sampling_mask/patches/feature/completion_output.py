@@ -17,10 +17,6 @@ What: in `vllm/outputs.py`, adds the dataclass fields
     builds afresh, so the wrapper's join is what counts there too).
 Why: the completion is what users read; real fields keep `replace` and the
     constructor working. Both None for a request without a mask.
-Remove when: never while the overlay replaces upstream's mask: upstream has the
-    field since 0.28 (vLLM #49577, `SamplingMask(token_ids)`); the overlay's class
-    takes its constructor, and its merge on aggregation is the one that counts on
-    0.28-0.31, whose `RequestOutput.add` does not join masks.
 """
 
 from __future__ import annotations

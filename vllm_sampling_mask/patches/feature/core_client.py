@@ -5,7 +5,6 @@ What: points the name `EngineCoreOutputs` in `vllm/v1/engine/core_client.py`
     built for.
 Why: `EngineCoreOutput` is an `array_like` msgspec Struct; a decoder built for
     the base type silently drops the trailing mask fields.
-Remove when: upstream carries the mask in `EngineCoreOutput`.
 """
 
 from vllm_sampling_mask.releases import Release

@@ -23,10 +23,6 @@ Why: `LLM.__init__` passes unknown keywords straight into `EngineArgs`, which
     fails before any vLLM plugin loads, and `ModelConfig` forbids unknown
     constructor arguments; `create_engine_config` is the one point both `LLM`
     and `vllm serve` pass through with the final config in hand.
-Remove when: upstream's engine-level option carries what the overlay adds (the V1
-    runner, the per-request switch, the size limit). From 0.28 (vLLM #49577) the
-    option is upstream's and the patch only re-words its help and adds the size
-    limit.
 """
 
 from __future__ import annotations

@@ -24,16 +24,6 @@ What: in the generate route's serving module (`release.module("generate_serving"
     carrying that message, or an error event in a stream; never a choice
     without its mask.
 Why: the token-in/token-out endpoint is the RL trainers' way in.
-Remove when: upstream returns the per-request, packed and support-logprob
-    masks from this endpoint (0.32 returns lists engine-wide only; its own
-    filling, from `CompletionOutput.sampling_mask.token_ids`, is overwritten
-    here in the request's format; in a stream the hand-off takes each mask off
-    its output first, and writes the chunk's fields over upstream's null). Both
-    n > 1 bugs are present in 0.24.0 to 0.27.1 and fixed in 0.32 (FINAL_ONLY for
-    every non-streamed request; stream counters sized by `sampling_params.n`):
-    each applied where the release has it
-    (`release.generate_n_unstreamed_bug`: 0.24-0.28, fixed upstream in 0.29;
-    `generate_n_stream_bug`: 0.24-0.31).
 Upstream: the mask, vLLM #49577. The two n > 1 fixes (upstream bugs, kept in
     this module because they change the same three wrappers): no issue or PR
     known; would file "/inference/v1/generate: n > 1 returns fewer than n

@@ -26,8 +26,6 @@ Why: the token-in/token-out endpoint is the RL trainers' way in. vLLM 0.32
     (engine-wide, lists only); the subclasses widen it to the packed object. The
     stream choices keep upstream's declaration (0.28-0.32 have one): the stream
     hand-off writes each chunk's fields into its text, over upstream's null.
-Remove when: upstream declares a per-request switch, the packed format and the
-    support logprobs.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ Why: up to 0.29 the generate route is always served, and it is how RL trainers
     on every release (README), without switching on unrelated endpoints.
 Upstream: vLLM 0.30 on gates the route with `--enable-scale-out`
     (`entrypoints/scale_out/factories.py`).
-Remove when: upstream serves the generate route with its sampling-mask flag.
 """
 
 from __future__ import annotations

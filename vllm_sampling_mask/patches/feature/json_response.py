@@ -15,8 +15,6 @@ Why: a lists mask holds one JSON number per support id (512 tokens of 27 ids:
     8 and 50 ids a token); the bytes sent are the same.
 Upstream: none: an overlay field; upstream's own lists (0.32's generate route)
     go through pydantic and `json.dumps` as every other field.
-Remove when: upstream writes the mask's field itself (vLLM #49577 writes
-    `CompletionOutput.sampling_mask.token_ids` as pydantic lists).
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ Why: `ModelConfig` is a pydantic dataclass that forbids unknown fields; a new
     `return_sampling_mask` field of its own that switches on its own mask
     machinery (Model Runner V2 only, top_k required); `engine_args` keeps that
     one False and the overlay's setting here.
-Remove when: upstream has a per-request mask with a size limit (then its fields).
 """
 
 from vllm_sampling_mask.releases import Release

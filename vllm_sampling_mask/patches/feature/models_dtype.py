@@ -11,7 +11,6 @@ Why: the masked importance ratio spreads with the engine's dtype (bfloat16 gives
     --server` reads this to say so instead of leaving the spread unexplained,
     and vLLM 0.27.1 exposes the dtype on no route outside dev mode.
 Upstream: `OpenAIServingModels.show_available_models`, `ModelCard` (extra="allow").
-Remove when: upstream reports the served dtype on a public route.
 """
 
 from __future__ import annotations

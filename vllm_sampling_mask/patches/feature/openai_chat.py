@@ -14,8 +14,6 @@ What: in `vllm/entrypoints/openai/chat_completion/serving.py`, wraps
     mask error's message. The body field reaches the engine through
     `ChatCompletionRequest.to_sampling_params` (`chat_protocol`).
 Why: RL trainers that sample through the OpenAI chat API.
-Remove when: upstream returns the mask from this endpoint (vLLM #49577, in 0.28,
-    returns it from /inference/v1/generate only).
 """
 
 from __future__ import annotations

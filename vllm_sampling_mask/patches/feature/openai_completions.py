@@ -16,8 +16,6 @@ What: in `vllm/entrypoints/openai/completion/serving.py`, wraps
     (`completion_protocol`). The mask covers the generated tokens (what
     `return_token_ids` returns as `token_ids`), also with `echo`.
 Why: RL trainers that sample through the OpenAI API.
-Remove when: upstream returns the mask from this endpoint (vLLM #49577, in 0.28,
-    returns it from /inference/v1/generate only).
 """
 
 from __future__ import annotations

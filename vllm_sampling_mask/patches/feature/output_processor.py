@@ -20,9 +20,6 @@ What: in `vllm/v1/engine/output_processor.py`, declares
     or a later one has `sampling_mask=None` and `sampling_mask_reason`.
 Why: the output processor is where per-step outputs become per-request
     results (n > 1 children each have their own request state).
-Remove when: upstream's output processor (vLLM #49577, since 0.28) carries the
-    per-request switch, the size-limit reason and the support logprobs, and masks every
-    delta (0.28-0.31 emit them on the final output only); from 0.28 this replaces it.
 """
 
 from __future__ import annotations

@@ -23,9 +23,6 @@ What: wraps `RejectionSampler.__call__` in
     decode as count 0.
 Why: under speculative decoding the rejection sampler, not `Sampler.sample`,
     decides a step's tokens.
-Remove when: upstream's rejection-sampler mask (vLLM #54166, 0.32) takes
-    per-request decisions, the size limit and support logprobs; this replaces
-    it (upstream's flag is kept off).
 """
 
 from __future__ import annotations

@@ -29,8 +29,6 @@ Why: under speculative decoding the rejection sampler, not the sampler, decides
     a step's tokens; the trainer replays the target distribution at each
     position, so the mask is that distribution's support (its marginal is the
     target's, whatever the draft).
-Remove when: upstream's V1 rejection sampler returns the support (vLLM #54166
-    does it for Model Runner V2's).
 """
 
 from __future__ import annotations

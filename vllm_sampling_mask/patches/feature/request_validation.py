@@ -24,8 +24,6 @@ Why: every request entering the engine, from `LLM` or the server, passes here
     before it reaches the engine core, so a bad request fails alone and the
     engine keeps serving; deciding once here means the output processor knows
     which requests must come back with a mask.
-Remove when: upstream decides masks per request (vLLM #49577, since 0.28, has one
-    engine-wide flag and refuses top-p-only and greedy rows with a plain ValueError).
 """
 
 from __future__ import annotations

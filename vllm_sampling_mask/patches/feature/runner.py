@@ -32,9 +32,6 @@ Why: the flag is configuration; passing it explicitly where the sampler is
     built (instead of the sampler reading ambient config) means a sampler that
     never got it cannot silently return no mask, and one state object per
     runner replaces attributes and class-level flags on upstream classes.
-Remove when: upstream's Model Runner V2 mask (vLLM #49577, since 0.28) carries the
-    per-request switch, the size limit and the support logprobs; from 0.28 the overlay's
-    state replaces upstream's (its flag is kept off).
 """
 
 from __future__ import annotations

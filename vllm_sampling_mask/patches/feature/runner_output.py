@@ -7,9 +7,6 @@ What: in `vllm/v1/outputs.py`, adds the dataclass field
     row wanted a mask; the scheduler reads it).
 Why: a declared field pickles with the output and reads back as None only
     when the producer really wrote nothing, which the scheduler then refuses.
-Remove when: upstream's `ModelRunnerOutput` mask (vLLM #49577, since 0.28, Model
-    Runner V2 only, lists) carries the V1 runner's, the support logprobs and the
-    packed block; from 0.28 this field replaces upstream's on the hop.
 """
 
 from vllm_sampling_mask.patches._dataclass import add_field

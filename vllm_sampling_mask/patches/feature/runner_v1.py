@@ -41,8 +41,6 @@ What: declares `GPUModelRunner.sampling_mask` (None with the flag off) and
 Why: the V1 runner is what CPU hosts run natively and what most MoE models get
     on CUDA; its sampler applies custom logits processors before the support is
     taken, so the mask includes them.
-Remove when: upstream carries the mask through the V1 runner (vLLM #49577 did
-    it for Model Runner V2 only).
 """
 
 from __future__ import annotations

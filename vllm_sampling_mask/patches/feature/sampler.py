@@ -28,9 +28,6 @@ What: in `vllm/v1/worker/gpu/sample/sampler.py`, declares
     recorded after `sample`. The extraction gathers the support logprobs from
     the processed logits (log-softmaxed for the asked rows only).
 Why: the sampler is the only place where the exact support exists.
-Remove when: upstream's sampler mask (vLLM #49577 since 0.28, GPU compaction #54901
-    since 0.30) takes per-request decisions, top-p/min-p-only rows and support
-    logprobs; from 0.28 this extraction replaces upstream's (its flag is kept off).
 """
 
 from __future__ import annotations

@@ -23,8 +23,6 @@ Why: the sampler is the only place where the exact support exists. Processed
     logprobs are always materialised in `processed_logprobs` mode (which the
     flag requires), and in that mode upstream never picks the FlashInfer
     sampler, so the mask costs no change of sampling kernel.
-Remove when: upstream's V1 sampler returns the support (vLLM #49577 did it for
-    Model Runner V2 only).
 """
 
 from __future__ import annotations

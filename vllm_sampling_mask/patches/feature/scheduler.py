@@ -30,9 +30,6 @@ Why: the scheduler is where per-step runner rows become per-request outputs;
     construction, and it can finish a single request cleanly. A request that
     asked for support logprobs also gets `sampling_mask_logprobs` (aligned with
     the ids) and `sampling_mask_log_kept`.
-Remove when: upstream's `EngineCoreOutput` mask (vLLM #49577, since 0.28) carries
-    the overlay's block, the size-limit reason and the support logprobs; from 0.28
-    this replaces upstream's slicing.
 """
 
 from __future__ import annotations

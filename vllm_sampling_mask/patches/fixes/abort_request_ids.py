@@ -20,8 +20,6 @@ Why: upstream's endpoint calls `body.get("request_ids")` on whatever JSON it
     aborted and the caller never told.
 Upstream: none known; would file "/inference/v1/abort_requests answers 200 for a
     request_ids that cannot be aborted, and 500 for a body that is not an object".
-Remove when: 0.33 is dropped (`until="0.34.0"`: 0.34.0's route validates its body
-    with a model of its own, `request_ids: str | list[str]`).
 """
 
 from __future__ import annotations

@@ -27,8 +27,6 @@ Why: upstream's route checks only that the body is a JSON object with a `method`
 Upstream: none known; would file "/collective_rpc answers caller errors with 500
     (the worker's exception crosses processes as text) and runs any attribute of
     the worker, private ones included".
-Remove when: upstream's route checks the method and its arguments, and its utility
-    calls keep the worker's exception class across processes.
 """
 
 from __future__ import annotations

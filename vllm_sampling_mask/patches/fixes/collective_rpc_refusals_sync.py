@@ -15,8 +15,6 @@ Why: the caller gets `Exception("Call to collective_rpc method failed: Worker fa
     class to catch a bad checkpoint by, and the executor's wording around the cause.
 Upstream: none known; would file "collective_rpc: a worker's exception reaches the
     caller as a plain Exception with its text wrapped twice".
-Remove when: upstream's utility calls carry the worker's exception class across
-    processes.
 """
 
 from __future__ import annotations

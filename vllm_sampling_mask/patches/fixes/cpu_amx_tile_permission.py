@@ -16,8 +16,6 @@ Why: vLLM's CPU kernels for bfloat16 (the attention and small-GEMM kernels it
     float32 checkpoint), stock vLLM too.
 Upstream issue: none known; would file "CPU: bfloat16 worker dies with SIGILL on
     AMX hosts (AMX kernels run without ARCH_REQ_XCOMP_PERM for XTILEDATA)".
-Remove when: upstream requests AMX tile permission (e.g. `torch.cpu._init_amx()`)
-    before its CPU kernels use AMX.
 """
 
 from __future__ import annotations

@@ -25,8 +25,6 @@ Why: after loading, the CPU linear method replaces each linear layer's `weight` 
 Upstream: none known; would file "CPU: model.load_weights after load fails with
     'Parameter' object has no attribute 'weight_loader' (the CPU GEMM dispatch removes
     the weight); colocated trainers (TRL) cannot sync weights".
-Remove when: upstream's model `load_weights` on a loaded CPU model reloads through the
-    layerwise path (or the CPU GEMM keeps a loadable weight and repacks it).
 """
 
 from __future__ import annotations

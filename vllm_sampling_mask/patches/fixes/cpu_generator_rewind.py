@@ -12,8 +12,6 @@ Why: upstream rewinds a discarded row's generator by its Philox offset, which
     in the worker and took the engine down. Restoring the saved state is the
     same rewind for a CPU generator: the seeded stream does not see the
     discarded draw, exactly as on CUDA.
-Remove when: upstream rewinds CPU generators (e.g. through get_state/set_state)
-    in `GPUModelRunner._bookkeeping_sync`.
 Upstream: no issue or PR known; would file "V1 runner on CPU: seeded request with
     a chunked prompt raises 'CPU Generator does not use offset' in
     _bookkeeping_sync".

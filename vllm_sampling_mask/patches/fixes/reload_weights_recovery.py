@@ -34,8 +34,6 @@ Why: upstream's layerwise reload first moves every layer to the meta device, the
 Upstream: none known; would file "reload_weights: an exception part-way leaves
     layers on the meta device (the engine dies on the next step); no validation of
     weights_path before the model is torn down".
-Remove when: upstream's reload checks the checkpoint first and restores the model on
-    failure.
 """
 
 from __future__ import annotations

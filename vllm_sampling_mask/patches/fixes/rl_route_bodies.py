@@ -23,8 +23,6 @@ Why: upstream's `/abort_requests` passed any `request_ids` to `AsyncLLM.abort`:
     answered 200 (unknown fields were ignored).
 Upstream: none known; would file "RL routes answer bad request_ids and a missing
     weight-transfer backend with 500, and ignore unknown body fields".
-Remove when: upstream's RL routes validate their bodies (a pydantic model that
-    forbids extra fields) and check for a weight-transfer backend.
 """
 
 from __future__ import annotations

@@ -18,8 +18,6 @@ Why: upstream's middleware guards only the path prefixes `/v1`, `/v2`,
     their choosing, with the key set.
 Upstream: none known; would file "--api-key leaves the dev-mode/RL routes
     (/pause, /resume, /collective_rpc, weight updates, cache resets) open".
-Remove when: upstream's authentication middleware guards the dev-mode and RL
-    routes when a key is set.
 """
 
 from __future__ import annotations

@@ -19,8 +19,6 @@ Why: the caller gets a clean HTTP 400 (`collective_rpc_refusals`) or a
     lines for an expected refusal of the caller's input.
 Upstream: `logger.exception(...)` in `WorkerProc`'s RPC loop and
     `EngineCoreProc._invoke_utility_method`.
-Remove when: upstream logs a utility call's failure without a traceback where the
-    worker marks it as the caller's error.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ Why: upstream's endpoint calls `body.get("method")` on whatever JSON it parsed: 
     (the same 400).
 Upstream: none known; fixed in 0.32.0 (its route answers "Request body must be a JSON
     object").
-Remove when: 0.31 is dropped (`until="0.32.0"`).
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ Why: 0.24 registers its loop handlers before the server task has run, and
     runs on in the executor; found by tests/test_faults.py's SIGTERM runs).
 Upstream: vLLM #49668 (0.27.1 registers its handlers once uvicorn has started),
     #50916 (0.28 builds a uvicorn server that installs none).
-Remove when: 0.24 is dropped (the record spans 0.24 only: `until="0.27.1"`).
 """
 
 from __future__ import annotations

@@ -28,10 +28,6 @@ Why: on SIGTERM the API server (`launcher.serve_http`) shuts the engine client
     output handler without failing those requests, so their clients were never
     answered, and uvicorn (no graceful-shutdown timeout) kept the process
     alive until every such client gave up (found by tests/test_faults.py).
-Remove when: upstream answers pending requests on shutdown in the API server
-    process (vLLM #36964, open, makes the engine core abort and flush its
-    requests on SIGTERM: that still misses a core that is killed mid-step and
-    requests sent after its drain; the shutdown timeout came with #36666).
 """
 
 from __future__ import annotations

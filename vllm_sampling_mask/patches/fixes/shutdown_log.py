@@ -13,7 +13,6 @@ Why: on SIGTERM (Ctrl-C, the demo's `terminate()`), upstream stops the engine
     ends in a 7-line traceback "EngineCore encountered an issue. See stack trace
     (above) for the root cause." although nothing went wrong.
 Upstream: `AsyncLLM.shutdown`, and `output_handler` in `AsyncLLM._run_output_handler`.
-Remove when: upstream's output handler exits quietly on an engine it is stopping.
 """
 
 from __future__ import annotations

@@ -35,11 +35,6 @@ Why: upstream lets ids through that the model has no row for, and the worker's
     the OpenAI routes) fails in msgspec after the request was accepted, and
     `AsyncLLM.generate` wraps a plain ValueError from the input processor in an
     `EngineGenerateError()`: both HTTP 500 with an empty message.
-Remove when: upstream checks ids against the vocabulary (off-by-one in
-    InputProcessor._validate_model_input), range-checks stop_token_ids, the
-    OpenAI routes check integer sizes as /inference/v1/generate does, and the
-    structured-output validators raise VLLMValidationError; no upstream PR or
-    issue is known for these.
 """
 
 from __future__ import annotations

@@ -14,8 +14,6 @@ Why: upstream runs top-p on every row once any row of the batch has
     top_p = 0.5 request (found by tests/test_fuzz.py). The PyTorch path runs
     on CPU hosts and, on CUDA, for batches of fewer than 8 rows; vLLM's Triton
     kernel already skips top-p on rows with p >= 1.
-Remove when: upstream's PyTorch top-p leaves rows with p >= 1 alone (no such
-    PR known; vLLM #49577's mask inherits the same batch dependence).
 """
 
 from __future__ import annotations

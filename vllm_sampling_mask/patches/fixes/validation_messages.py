@@ -19,7 +19,6 @@ Why: upstream's message is `"1 validation error:\n  {'type': 'bool_type', ...}"`
     three routes (`/inference/v1/generate`, `/v1/completions`,
     `/v1/chat/completions`) share this handler.
 Upstream: `validation_exception_handler` in vllm/entrypoints/serve/utils/server_utils.py.
-Remove when: upstream words schema errors per field (and keep `param` a field name).
 """
 
 from __future__ import annotations

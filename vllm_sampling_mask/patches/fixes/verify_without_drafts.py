@@ -11,9 +11,6 @@ Why: under speculative decoding a step can verify no draft token at all (an
     specified for input.numel() == 0", which kills the engine (EngineDeadError)
     on the first such step. Seen on the V1 CPU runner with `ngram` and
     `draft_model`.
-Remove when: upstream's rejection sampler skips the constraints on an empty
-    batch (none known; would file: "V1 rejection sampler: top_k request crashes
-    the engine on a step with no draft tokens").
 """
 
 from __future__ import annotations
