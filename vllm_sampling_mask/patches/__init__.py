@@ -375,6 +375,10 @@ _RECORDS = (
     Patch("cpu_op_attention", ("{cpu_ops}",), WORKER, E, CPU_WHEEL, CPU_WHEEL_BACK,
           change=("give a CPU host without vLLM's CPU kernels a "
                   "`_C.cpu_attention_with_kv_cache`")),
+    Patch("cpu_op_gumbel_argmax", (TOPK,), WORKER, E, CPU_WHEEL, CPU_WHEEL_BACK,
+          since="0.32.0", until=NO_V1,
+          change=("give a CPU host without vLLM's CPU kernels a "
+                  "`_C.fused_gumbel_argmax` (the V1 runner's CPU sampler)")),
     # -- the feature: the engine flag and the request's decision ----------------
     Patch("model_config", ("vllm.config.model",), ANY, F, MASK_PR,
           "upstream has a per-request mask with a size limit (then its fields).",
