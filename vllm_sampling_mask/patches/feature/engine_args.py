@@ -125,7 +125,8 @@ def apply(module, release: Release) -> None:
                 speculative=self.speculative_config,
                 logits_processors=self.logits_processors, runner_type="generate",
                 is_diffusion=False,
-                batch_sharded_sampling=bool(getattr(self, BATCH_SHARDED, False))))
+                batch_sharded_sampling=bool(getattr(self, BATCH_SHARDED, False)),
+                v1_runner=release.v1_runner))
         config = wrapped(*args, **kwargs)
         if self.return_sampling_mask:
             mc = config.model_config
@@ -137,7 +138,8 @@ def apply(module, release: Release) -> None:
                 runner_type=mc.runner_type,
                 is_diffusion=bool(mc.is_diffusion),
                 batch_sharded_sampling=bool(getattr(config.parallel_config, BATCH_SHARDED,
-                                                    False))))
+                                                    False)),
+                v1_runner=release.v1_runner))
             logger.info("Sampling masks on: every generated token returns its support "
                         "(%s).", "Model Runner V2" if runs_v2(config)
                         else "V1 model runner")
