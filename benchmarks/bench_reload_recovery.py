@@ -25,7 +25,7 @@ import tempfile
 def in_worker(worker, path: str, rounds: int) -> dict:
     import time
 
-    from vllm_sampling_mask.patches.fixes.reload_weights_recovery import Snapshot, check
+    from vllm_sampling_mask.patches.worker.fixes.reload_weights_recovery import Snapshot, check
 
     def status(field: str) -> int:
         with open("/proc/self/status") as f:
@@ -77,7 +77,7 @@ def main() -> None:
 
     from vllm import LLM
 
-    from vllm_sampling_mask.demo import perturbed_draft
+    from vllm_sampling_mask.tools.demo import perturbed_draft
     with tempfile.TemporaryDirectory() as tmp:
         path = perturbed_draft(os.path.join(tmp, "new"), noise=0.3) \
             if args.model == DEMO_MODEL else args.model

@@ -138,7 +138,7 @@ import api_profile
 import idle_poll
 from protocol import Settle, pin_beside_workers, verdict
 
-from vllm_sampling_mask.sampling_mask import SamplingMask
+from vllm_sampling_mask.frontend.sampling_mask import SamplingMask
 
 ARMS = ("off", "lists", "packed")     # on the mask server; "stock" on a server without
 IDLE_POLL_S = 0.25   # the engines' readers poll this long after a read (idle_poll.py)
@@ -193,7 +193,7 @@ def prompt_ids(prompt: str) -> list[int]:
 
 def body(model: str, arm: str, i: int, max_tokens: int, stream: bool,
          route: str = "completions", n: int = 1) -> dict:
-    from vllm_sampling_mask.demo import DEMO_PROMPTS
+    from vllm_sampling_mask.tools.demo import DEMO_PROMPTS
     prompt = DEMO_PROMPTS[i % len(DEMO_PROMPTS)]
     sampling = {"max_tokens": max_tokens, "temperature": 1.0, "top_k": 50, "top_p": 0.95,
                 "seed": i, "ignore_eos": True, "n": n}
@@ -541,8 +541,9 @@ def hand_off(tokens: int = 2000, size: int = 24, repeat: int = 7) -> dict:
 
     import numpy as np
 
-    from vllm_sampling_mask.accumulator import MaskAccumulator
-    from vllm_sampling_mask.patches._http import StreamMasks, open_stream
+    from vllm_sampling_mask.frontend.accumulator import MaskAccumulator
+    from vllm_sampling_mask.patches.http._refusals import open_stream
+    from vllm_sampling_mask.patches.http._stream import StreamMasks
     # what the output processor makes for a stream (before the read-once accumulator,
     # which `--against` may time: the one that keeps every token)
     reads_once = "keep" in inspect.signature(MaskAccumulator).parameters
@@ -578,8 +579,8 @@ def hand_off(tokens: int = 2000, size: int = 24, repeat: int = 7) -> dict:
 
         from vllm.sampling_params import RequestOutputKind
 
-        from vllm_sampling_mask.patches.feature import output_processor as patch
-        from vllm_sampling_mask.validation import MASK_ARG
+        from vllm_sampling_mask.patches.frontend.feature import output_processor as patch
+        from vllm_sampling_mask.frontend.validation import MASK_ARG
 
         kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
 
@@ -774,7 +775,7 @@ def main() -> None:
 
     import psutil
 
-    from vllm_sampling_mask.demo import server_process
+    from vllm_sampling_mask.tools.demo import server_process
     print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
     here = os.path.dirname(os.path.abspath(__file__))
     env = {"PYTHONPATH": os.pathsep.join(

@@ -51,7 +51,7 @@ def run(dtype: str, seeds: int, max_tokens: int) -> dict:
     from vllm import LLM, SamplingParams
 
     from vllm_sampling_mask import DEMO_MODEL
-    from vllm_sampling_mask.demo import DEMO_PROMPTS
+    from vllm_sampling_mask.tools.demo import DEMO_PROMPTS
     from vllm_sampling_mask.integrations.skyrl import support_rows
 
     max_k = max(s["top_k"] for s in SETTINGS.values())

@@ -52,7 +52,7 @@ TRAMPOLINES = ("contextlib.py", "functools.py", os.sep + "wrapt" + os.sep)
 
 
 def _group(filename: str) -> str:
-    """'vllm_sampling_mask/patches/feature/scheduler.py' -> 'patches.feature.scheduler'."""
+    """'vllm_sampling_mask/patches/engine/feature/scheduler.py' -> 'patches.engine.feature.scheduler'."""
     rel = filename.split(OVERLAY, 1)[1]
     return rel[:-3].replace(os.sep, ".")
 

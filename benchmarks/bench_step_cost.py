@@ -207,7 +207,7 @@ def speculative_config(method: str | None, model: str, workdir: str) -> dict | N
         return {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
                 "prompt_lookup_min": 1}
     from vllm_sampling_mask import DEMO_MODEL
-    from vllm_sampling_mask.demo import perturbed_draft
+    from vllm_sampling_mask.tools.demo import perturbed_draft
     if model != DEMO_MODEL:
         raise SystemExit("--speculative draft_model: the draft is a copy of the demo model "
                          "(--models demo)")

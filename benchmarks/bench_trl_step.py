@@ -140,7 +140,7 @@ def hook_memory(variant: str, entropy: bool, batch: int, tokens: int, support: i
 
     from vllm_sampling_mask import DEMO_MODEL
     from vllm_sampling_mask.integrations.trl import MaskedGRPOTrainer
-    from vllm_sampling_mask.sampling_mask import SamplingMask
+    from vllm_sampling_mask.frontend.sampling_mask import SamplingMask
 
     torch.manual_seed(0)
     args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="bench-trl-"), use_vllm=False,

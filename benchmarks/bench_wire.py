@@ -1,9 +1,9 @@
 """The mask's wire: JSON lists against the packed encodings, same masks, one run.
 
 For each workload, every mask goes through the API server's encoders, exactly as
-the route patches call them (a full response: `_http.mask_payload`, then, as the
+the route patches call them (a full response: `_full_response.mask_payload`, then, as the
 route renders the response's `model_dump()`, the lists written from the mask's
-arrays (`_http.MaskedBody`) or the packed object through pydantic's dump and
+arrays (`_full_response.MaskedBody`) or the packed object through pydantic's dump and
 Starlette's `json.dumps`; a stream chunk: the mask's text written straight from its
 arrays, `SamplingMask.to_lists_json` or `to_packed_json`, written into a one-token
 `/v1/completions` chunk event and encoded to the bytes sent), and is decoded back with `SamplingMask.from_response` (checked equal). Five
@@ -44,10 +44,10 @@ import time
 
 import numpy as np
 
-from vllm_sampling_mask import packed_wire
-from vllm_sampling_mask.packed_wire import (LISTS_JSON, PACKED_JSON, b85decode, encode_packed,
+from vllm_sampling_mask.formats import packed_wire
+from vllm_sampling_mask.formats.packed_wire import (LISTS_JSON, PACKED_JSON, b85decode, encode_packed,
                                             encode_packed_v1)
-from vllm_sampling_mask.sampling_mask import SamplingMask
+from vllm_sampling_mask.frontend.sampling_mask import SamplingMask
 
 V_BIG = 151_936
 
@@ -72,7 +72,7 @@ RESPONSE_JSON = dict(ensure_ascii=False, allow_nan=False, indent=None, separator
 
 
 def mask_text(mask: SamplingMask, encoder: str) -> str:
-    """A stream chunk's `sampling_mask` text as `_http.StreamMasks` writes it (the
+    """A stream chunk's `sampling_mask` text as `_stream.StreamMasks` writes it (the
     compiled call itself where it is built)."""
     if encoder == "lists":
         return (LISTS_JSON is not None and LISTS_JSON(mask.ids, mask.offsets)
@@ -99,25 +99,25 @@ CHUNK = ('data: {"id":"cmpl-8f1c2a3b4c5d6e7f8a9b0c1d2e3f4a5b","object":"text_com
 
 
 def chunk_bytes(mask: SamplingMask, encoder: str) -> bytes:
-    """The chunk event with the mask written in (`_http._with_fields`), as the
+    """The chunk event with the mask written in (`_stream._with_fields`), as the
     bytes the response sends."""
-    from vllm_sampling_mask.patches._http import _with_fields
+    from vllm_sampling_mask.patches.http._stream import _with_fields
     return _with_fields(CHUNK, '"sampling_mask":' + mask_text(mask, encoder)).encode()
 
 
 def full_bytes(mask: SamplingMask, encoder: str, adapter) -> bytes:
     """A full response's `sampling_mask` value as the route writes it: lists from
-    `_http.mask_payload` (a `MaskLists`, then the text `MaskedBody.render` writes),
+    `_full_response.mask_payload` (a `MaskLists`, then the text `MaskedBody.render` writes),
     anything else the field's pydantic dump written by `json.dumps` as Starlette's
     `JSONResponse` does."""
     if encoder == "lists":
-        from vllm_sampling_mask.patches._http import mask_payload
+        from vllm_sampling_mask.patches.http._full_response import mask_payload
         return mask_payload(mask, packed=False).mask.to_lists_json().encode()
     return json.dumps(adapter.dump_python(payload(mask, encoder)), **RESPONSE_JSON).encode()
 
 
 def payload(mask: SamplingMask, encoder: str):
-    # the packed objects of `_http.mask_payload`; "v2py" without the compiled
+    # the packed objects of `_full_response.mask_payload`; "v2py" without the compiled
     # encoder; "v1" is the earlier packed layout; the lists as Python lists
     if encoder == "v2":
         return encode_packed(mask.ids, offsets=mask.offsets)
@@ -194,7 +194,7 @@ def run_demo(requests: int, tokens: int) -> list[SamplingMask]:
     import httpx
 
     from vllm_sampling_mask import DEMO_MODEL
-    from vllm_sampling_mask.demo import DEMO_PROMPTS, serving
+    from vllm_sampling_mask.tools.demo import DEMO_PROMPTS, serving
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

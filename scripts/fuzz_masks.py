@@ -3,7 +3,7 @@
     python scripts/fuzz_masks.py [--tokens 10000] [--examples N] [--seed 0]
                                  [--server URL] [--replay-every 5]
 
-The same generator and checker as `tests/test_fuzz.py` (`tests/fuzz_support.py`,
+The same generator and checker as `tests/http/test_fuzz.py` (`tests/fuzz_support.py`,
 one copy), driven by a seeded `random.Random` instead of hypothesis: example i
 draws from `Random(seed * 1_000_003 + i)`, so `--seed S --start i --examples 1`
 replays example i alone. Without `--server` it starts its own `vllm serve` on
@@ -87,7 +87,7 @@ def main() -> int:
     if args.server:
         run(args.server.rstrip("/"))
     else:
-        from vllm_sampling_mask.demo import serving
+        from vllm_sampling_mask.tools.demo import serving
         log = os.path.join(tempfile.gettempdir(), f"fuzz-masks-serve-{os.getpid()}.log")
         extra = ["--max-num-seqs", str(SERVER_MAX_NUM_SEQS),
                  "--max-sampling-mask-size", str(SERVER_MAX_MASK_SIZE)]

@@ -27,7 +27,7 @@ def main() -> int:
     env.pop("TRITON_INTERPRET", None)
     tests = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-         "tests/test_gpu.py", "tests/test_extraction_kernel.py", "tests/test_mask_core.py"],
+         "tests/worker/test_gpu.py", "tests/worker/test_extraction_kernel.py", "tests/worker/test_mask_core.py"],
         cwd=ROOT, env=env)
     bench = [sys.executable, "benchmarks/bench_extraction.py"]
     if args.upstream:

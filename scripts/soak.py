@@ -4,7 +4,7 @@
     python scripts/soak.py --server http://127.0.0.1:8000 [--server-mask off]
 
 By default it starts the demo model's server twice on the loopback interface
-(`vllm_sampling_mask.demo.serving`, with `VLLM_SAMPLING_MASK_DEBUG_STATE=1`
+(`vllm_sampling_mask.tools.demo.serving`, with `VLLM_SAMPLING_MASK_DEBUG_STATE=1`
 for the state route): first with `--return-sampling-mask` ("on"), then the
 same command without it ("off"; both keep `--logprobs-mode processed_logprobs`,
 so they differ in the mask alone). Against each, `--clients` asyncio clients
@@ -29,7 +29,7 @@ disconnects at that moment, `--end abort`; `--end drain` lets them finish) and
 the aborts have settled, the counts of `GET /debug/sampling_mask/state` (goal:
 all zero).
 
-`tests/test_soak.py` imports this file and runs `run_phase` for ~25 s against
+`tests/server/test_soak.py` imports this file and runs `run_phase` for ~25 s against
 the test suite's shared server.
 """
 
@@ -609,7 +609,7 @@ def main() -> int:
     if args.server:
         run(args.server_mask, args.server.rstrip("/"))
     else:
-        from vllm_sampling_mask.demo import serving
+        from vllm_sampling_mask.tools.demo import serving
         for name in args.phases.split(","):
             port = free_port()
             log_path = os.path.join(tempfile.gettempdir(), f"soak-serve-{name}-{port}.log")

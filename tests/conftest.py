@@ -44,7 +44,7 @@ _share_the_cores()
 import pytest  # noqa: E402
 
 from vllm_sampling_mask import DEMO_MODEL  # noqa: E402
-from vllm_sampling_mask.demo import DEMO_PROMPTS  # noqa: E402
+from vllm_sampling_mask.tools.demo import DEMO_PROMPTS  # noqa: E402
 
 # What every mask-engine test uses: exactness needs float32 (bfloat16, vLLM's CPU
 # default for a float32 checkpoint, makes ties common).
@@ -196,9 +196,9 @@ def mask_server(mask_server_log):
     runner natively, shared by every HTTP test module: its base URL. Its state
     route (`VLLM_SAMPLING_MASK_DEBUG_STATE=1`) lets tests check that no
     per-request state is left behind; vLLM's RL routes (`/pause`, `/resume`,
-    `VLLM_SERVER_DEV_MODE=1`) serve tests/test_rl_loop.py, which resumes it after
+    `VLLM_SERVER_DEV_MODE=1`) serve tests/server/test_rl_loop.py, which resumes it after
     each test."""
-    from vllm_sampling_mask.demo import serving
+    from vllm_sampling_mask.tools.demo import serving
     extra = ["--max-num-seqs", str(SERVER_MAX_NUM_SEQS),
              "--max-sampling-mask-size", str(SERVER_MAX_MASK_SIZE),
              # the README's short name (its snippets run against this server) and the path
@@ -221,7 +221,7 @@ _STOCK_PROBE = """
 import json, sys
 from vllm import EngineArgs
 import vllm.v1.engine.core_client as cc
-from vllm_sampling_mask import patching
+from vllm_sampling_mask.patches import apply as patching
 
 facts = {"applied": list(patching.APPLIED), "wrapt_imported": "wrapt" in sys.modules,
          "engine_core_outputs": cc.EngineCoreOutputs.__name__, "own_argument": None}
@@ -240,7 +240,7 @@ def recording(module, name, wrapper):
     frame, patch = sys._getframe(1), None
     while frame is not None and patch is None:
         mod = frame.f_globals.get("__name__", "")
-        if mod.startswith("vllm_sampling_mask.patches.") and mod.count(".") == 3:
+        if mod.startswith("vllm_sampling_mask.patches.") and mod.count(".") == 4:
             patch = mod.rsplit(".", 1)[1]
         frame = frame.f_back
     owner = module if isinstance(module, str) else module.__name__
@@ -351,56 +351,17 @@ def reference_support(logits_row: torch.Tensor, temperature: float, top_k: int,
 # masks against the independent reference, the shared server's three routes
 # streamed and not with the switch, a 400, support logprobs and packed masks, the
 # generate route's n > 1 without masks, and Model Runner V2 under the interpreter.
-# Node-id patterns (fnmatch); each must select a test, or the tier run stops.
+# A test is in the tier by its marker (`pytestmark = pytest.mark.release_tier` in
+# its module, or `@pytest.mark.release_tier` on it); the tier's tests of one
+# parameter are named here, as node-id patterns (fnmatch): each must select a
+# test, or the tier run stops.
 RELEASE_TIER = (
-    "tests/test_releases.py::*", "tests/test_seams.py::*", "tests/test_registry.py::*",
-    # the site hook, the opt-out and the version guard (not the CLI, which the shared
-    # server starts with the overlay's flags, nor the wheel, which no release changes)
-    *(f"tests/test_overlay.py::test_{name}" for name in (
-        "every_patch_target_exists_and_every_patch_applies",
-        "patches_are_live_in_a_plain_import_of_vllm", "opt_out_gives_stock_vllm",
-        "version_guard_refuses_other_vllm", "aggregated_delta_outputs_join_their_masks",
-        "install_extras_admit_exactly_the_supported_releases",
-        "upstream_mask_api_reads_the_overlays_mask")),
-    "tests/test_cpu_seeded_sampling.py::*",
-    "tests/test_messages.py::*", "tests/test_top_p_one_rows.py::*",
-    "tests/test_engine.py::*[[]v1[]]",
-    "tests/test_engine.py::test_supports_match_an_independent_reference[[]mrv2[]]",
-    "tests/test_server.py::*", "tests/test_openai_routes.py::*",
-    "tests/test_support_logprobs_http.py::*", "tests/test_packed_wire_http.py::*",
-    "tests/test_unasked_masks.py::*", "tests/test_full_response.py::*", "tests/test_upstream_mask_agreement.py::*",
-    "tests/test_server_without_masks.py::test_n_choices_come_back_streamed_or_not[[]asked-off-*",
-    # speculative decoding: the draft model exercises every kind of emitted token;
-    # on V1 every test, on Model Runner V2 (from 0.31: `Release.mrv2_speculators`,
-    # its engine under the interpreter: ~300 s of test time for all eight) its
-    # masks against the reference, the one that reaches every adapter and seam
-    "tests/test_speculative.py::*[[]v1-draft_model[]]",
-    "tests/test_speculative.py::test_every_emitted_token_has_the_target_support_at_its_"
-    "position[[]mrv2-draft_model[]]",
-    "tests/test_speculative.py::test_fix_*",
-    # pause and resume through vLLM's RL routes
-    "tests/test_rl_loop.py::*",
-    # the API key on the RL routes (the release's own middleware, no engine); a
-    # failed weight reload: the checks alone, and LLM.collective_rpc on an engine
-    *(f"tests/test_rl_routes_auth.py::test_{name}" for name in (
-        "the_patch_is_on_the_releases_middleware", "each_guarded_route_needs_the_key*",
-        "the_open_routes_stay_open*", "upstreams_middleware_lets_the_guarded_routes_through")),
-    "tests/test_weight_update_failures.py::test_the_checks_*",
-    "tests/test_rl_routes_hostile.py::test_the_type_checks_alone",
-    # the RL routes' bodies, a missing weight-transfer backend, a refused reload's
-    # log (the shared server)
-    "tests/test_rl_route_bodies.py::*",
-    "tests/test_weight_update_failures_llm.py::*[[]v1*",
-    # an engine built with fixed arguments (VLLM_SAMPLING_MASK_RETURN) whose model
-    # takes new weights through load_weights (the cpu_colocated_load_weights fix)
-    "tests/test_colocated_engine.py::*",
-    # the CPU LoRA ops fix on the release's own ops (no engine)
-    "tests/test_lora.py::test_fix_*",
-    # AMX tile state in a vLLM process on the CPU platform (no engine)
-    *(f"tests/test_fix_cpu_amx_tile_permission.py::test_{name}" for name in (
-        "a_vllm_process_on_the_cpu_platform_holds_amx_tile_state",
-        "the_request_against_this_kernel_grants_or_refuses_without_raising",
-        "a_refusal_is_one_warning_and_vllm_starts_on")),
+    'tests/llm/test_engine.py::*[[]v1[]]',
+    'tests/llm/test_engine.py::test_supports_match_an_independent_reference[[]mrv2[]]',
+    'tests/http/test_server_without_masks.py::test_n_choices_come_back_streamed_or_not[[]asked-off-*',
+    'tests/llm/test_speculative.py::*[[]v1-draft_model[]]',
+    'tests/llm/test_speculative.py::test_every_emitted_token_has_the_target_support_at_its_position[[]mrv2-draft_model[]]',
+    'tests/llm/test_weight_update_failures_llm.py::*[[]v1*',
 )
 
 
@@ -441,16 +402,25 @@ def pytest_xdist_auto_num_workers(config):
 #   (runner, method), so that the two workers start its engines side by side.
 # The workers take the heaviest unit left first (tests/unit_seconds.json), so that
 # neither is left alone at the end with an engine to start.
-MASK_SERVER_MODULES = frozenset(f"tests/test_{name}.py" for name in (
-    "bad_input", "distributed", "examples", "first_hour", "fuzz", "openai_routes",
-    "packed_wire_http", "replay_check", "rl_loop", "rl_route_bodies", "server",
-    "server_without_masks",
-    "soak", "support_logprobs_http"))
+MASK_SERVER_MODULES = frozenset((
+    "tests/http/test_bad_input.py", "tests/server/test_distributed.py",
+    "tests/docs/test_examples.py", "tests/http/test_refusals_name_the_parameter.py",
+    "tests/patches/fixes/test_fix_refusal_log.py",
+    "tests/http/test_top_k_at_the_vocabulary.py",
+    "tests/http/test_models_dtype.py",
+    "tests/http/test_requests_without_a_mask_over_http.py",
+    "tests/http/test_fuzz.py", "tests/http/test_openai_routes.py",
+    "tests/http/test_packed_format.py", "tests/tools/test_replay_check.py",
+    "tests/server/test_rl_loop.py", "tests/http/test_rl_route_bodies.py",
+    "tests/http/test_generate_route.py", "tests/http/test_server_without_masks.py",
+    "tests/server/test_soak.py", "tests/http/test_support_logprobs_over_http.py"))
 
 # Their engine fixture is module-scoped and parametrized, and their tests take no
 # other parameter (`_check_engine_units`): a test id's brackets name its engine.
-ENGINE_UNIT_MODULES = frozenset(f"tests/test_{name}.py" for name in (
-    "engine", "lora", "speculative", "speculative_eagle", "weight_update"))
+ENGINE_UNIT_MODULES = frozenset((
+    "tests/llm/test_engine.py", "tests/llm/test_lora.py",
+    "tests/llm/test_speculative.py", "tests/llm/test_speculative_eagle.py",
+    "tests/server/test_weight_update.py"))
 
 # Seconds each unit took (setup, call and teardown of its tests) in one measured run
 # (its `measured` field says which); `python -m pytest --unit-seconds

@@ -1,6 +1,6 @@
 """Request generator and invariant checker for fuzzing sampling masks over HTTP.
 
-One copy, two drivers: `tests/test_fuzz.py` (hypothesis, a bounded deterministic
+One copy, two drivers: `tests/http/test_fuzz.py` (hypothesis, a bounded deterministic
 slice against conftest's shared `mask_server`) and `scripts/fuzz_masks.py` (the
 long run: a seeded `random.Random`, until a token goal is met). Both draw through
 the same `Draw` interface, so the generator is the same code; hypothesis shrinks
@@ -39,7 +39,7 @@ outcome must satisfy (`Checker.check`):
 `replay_crowd` adds: a seeded request gives the same tokens and masks alone and
 among other requests. Its crowd is all-seeded and temperature > 0: written when
 vLLM's V1 CPU sampler honoured seeds only in all-seeded batches (fixed since by
-`patches/cpu_seeded_sampling`; mixed crowds: tests/test_seeded_replay_v1.py).
+`patches/cpu_seeded_sampling`; mixed crowds: tests/llm/test_seeded_replay_v1.py).
 """
 
 from __future__ import annotations
@@ -237,7 +237,7 @@ def draw_batch(d) -> list[Req]:
 def draw_crowd(d) -> list[Req]:
     """For `replay_crowd`: 2 to 5 requests, all seeded, temperature > 0, no aborts.
     top_p = 1 rows may sit beside top_p < 1 rows: upstream then cut a top_p = 1
-    row's zero-probability ids (`patches/fixes/top_p_one_rows` keeps them)."""
+    row's zero-probability ids (`patches/worker/fixes/top_p_one_rows` keeps them)."""
     return [draw_request(d, seeded=True, greedy=False, aborts=False)
             for _ in range(d.int(2, 5))]
 

@@ -14,9 +14,12 @@ import sys
 
 import pytest
 
-from vllm_sampling_mask import SUPPORTED_VLLM, patching, releases
+from vllm_sampling_mask import SUPPORTED_VLLM, releases
+from vllm_sampling_mask.patches import apply as patching
 from vllm_sampling_mask.patches import REGISTRY
 from vllm_sampling_mask.releases import RELEASES, Release
+
+pytestmark = pytest.mark.release_tier  # CI runs it on every release
 
 # role -> the name the release's module of that role must define
 ROLE_NAMES = {"app": "build_app", "app_state": "init_app_state",
@@ -41,14 +44,14 @@ def test_ci_reads_its_releases_from_the_profiles():
     `release_list --ci-tiers` prints (no version written in its loop)."""
     import subprocess
 
-    from vllm_sampling_mask import release_list
+    from vllm_sampling_mask.tools import release_list
 
     installed = [r.version for r in RELEASES if r.cpu_extra]
     assert releases.ci_tiers() == installed[:-1][::-1]
     ci = (pathlib.Path(__file__).parent.parent / ".ci" / "run").read_text()
-    assert "TIERS=$(python -m vllm_sampling_mask.release_list --ci-tiers)" in ci
+    assert "TIERS=$(python -m vllm_sampling_mask.tools.release_list --ci-tiers)" in ci
     assert "for release in $TIERS; do" in ci
-    out = subprocess.run([sys.executable, "-m", "vllm_sampling_mask.release_list",
+    out = subprocess.run([sys.executable, "-m", "vllm_sampling_mask.tools.release_list",
                           "--ci-tiers"], capture_output=True, text=True, check=True)
     assert out.stdout.split() == releases.ci_tiers() and not out.stderr
     assert release_list.main(["--newest-cpu"]) == 0
@@ -63,7 +66,7 @@ def test_an_extra_admits_exactly_its_releases():
 
 
 def test_without_a_v1_runner_the_refusal_offers_no_v1_runner():
-    from vllm_sampling_mask.validation import startup_errors
+    from vllm_sampling_mask.frontend.validation import startup_errors
 
     common = dict(logprobs_mode="processed_logprobs", use_v2_model_runner=True,
                   speculative=None, logits_processors=["x.Y"], runner_type="generate",
@@ -172,7 +175,7 @@ def test_a_new_release_is_the_previous_profile_plus_its_changes():
 
 
 def test_the_records_and_the_machinery_do_not_import_each_other_both_ways():
-    """`patching` applies `patches`; nothing under `patches/` imports `patching`
+    """`patches.apply` applies `patches`; nothing under `patches/` imports `patches.apply`
     (the adapters are handed their release)."""
     root = pathlib.Path(releases.__file__).parent / "patches"
     for file in root.rglob("*.py"):

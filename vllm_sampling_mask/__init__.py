@@ -24,6 +24,6 @@ __all__ = ["DEMO_MODEL", "SUPPORTED_VLLM", "SamplingMask", "UPSTREAM_VERSION", "
 
 def __getattr__(name: str):
     if name == "SamplingMask":
-        from vllm_sampling_mask.sampling_mask import SamplingMask
+        from vllm_sampling_mask.frontend.sampling_mask import SamplingMask
         return SamplingMask
     raise AttributeError(f"module 'vllm_sampling_mask' has no attribute {name!r}")

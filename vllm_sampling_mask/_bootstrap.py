@@ -7,7 +7,7 @@ overlay active in every process vLLM starts. VLLM_SAMPLING_MASK_DISABLE=1
 leaves stock vLLM untouched.
 """
 
-from vllm_sampling_mask.patching import disabled, install_hooks
+from vllm_sampling_mask.patches.apply import disabled, install_hooks
 
 if not disabled():
     install_hooks()

@@ -68,8 +68,8 @@ def _client_errors() -> dict[str, type]:
 
     # the release's class of client errors (`Release.client_error`: `VLLMClientError`
     # from 0.27, answered 400 without a parameter; 0.24 has only `VLLMValidationError`).
-    # The release is read from `releases`, not `patching` (which imports this module);
-    # an unlisted one never gets here with the overlay on: `patching` refuses it first.
+    # The release is read from `releases`, not `patches.apply` (which imports this module);
+    # an unlisted one never gets here with the overlay on: `patches.apply` refuses it first.
     release = by_version(vllm.__version__)
     if release is None:
         raise UpstreamVersionError(f"vLLM {vllm.__version__} is not a supported release")

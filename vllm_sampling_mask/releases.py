@@ -17,7 +17,7 @@ from here:
 - adapters are handed their release's profile (`apply(module, release)`); nothing
   looks the release up by its version string.
 
-The version guard (`patching`) admits exactly the versions listed here (local
+The version guard (`patches.apply`) admits exactly the versions listed here (local
 suffixes such as `+cpu` ignored). The one fallback, for reading a release that is not
 listed (`seam_report` on the next port's wheel): `nearest`, the newest listed release
 not newer than it (the oldest for one older than every listed release).
@@ -73,7 +73,7 @@ class Release:
     # upstream's own refusal of a sampling value (`SamplingParams`' checks: "top_k must
     # be 0 (disable), or at least 1, got -2.") is a plain `ValueError` without a
     # `parameter` (0.24, whose app answers every ValueError with 400); from 0.27 a
-    # `VLLMValidationError`. The routes name the parameter either way (`_http.refusing`)
+    # `VLLMValidationError`. The routes name the parameter either way (`_refusals.refusing`)
     plain_sampling_refusals: bool = False
     # a MoE model's forward runs on a CPU host. 0.24's CPU fused-MoE torch path builds
     # its SiLU activation (`SiluAndMul`, a CustomOp) on every call, outside the vLLM
@@ -85,7 +85,7 @@ class Release:
     # supported between instances of 'str' and 'int'"), answered 400 naming no
     # parameter (0.24); vLLM #49144 type-checks them first (0.27). The overlay's
     # request subclasses refuse a value that is no number there first, naming the
-    # field (`_http.checked_body`)
+    # field (`_body_checks.checked_body`)
     logprobs_compared_raw: Mapping[str, tuple[str, ...]] = field(
         default_factory=lambda: _frozen({}))
     # `/v1/completions` takes `bad_words` (vLLM #46793). 0.24's `CompletionRequest` has

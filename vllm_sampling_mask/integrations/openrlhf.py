@@ -146,7 +146,7 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    from vllm_sampling_mask.patching import disabled
+    from vllm_sampling_mask.patches.apply import disabled
 
     if disabled():
         _installed = True

@@ -1,15 +1,15 @@
 """What the integrations rely on in the frameworks they integrate, as data.
 
-The same entry kinds as `vllm_sampling_mask.seams` (`Function`: parameter names in
+The same entry kinds as `vllm_sampling_mask.patches.seams` (`Function`: parameter names in
 order; `Name`: a dotted name resolves; `SourceUses`: the function's source still holds
 these strings), keyed by the part of the integration that relies on them.
-`tests/test_framework_seams.py` checks every entry against the installed framework, so a
+`tests/integrations/test_framework_seams.py` checks every entry against the installed framework, so a
 release that moves one fails a named test, not a training run. No framework import.
 """
 
 from __future__ import annotations
 
-from vllm_sampling_mask.seams import Entry, Fields, Function, Name, SourceUses
+from vllm_sampling_mask.patches.seams import Entry, Fields, Function, Name, SourceUses
 
 __all__ = ["TRL_SEAMS", "TRL_TESTED", "SKYRL_SEAMS", "SKYRL_TESTED", "VERL_SEAMS", "VERL_TESTED",
            "OPENRLHF_SEAMS", "OPENRLHF_TESTED"]
@@ -106,7 +106,7 @@ TRL_SEAMS: dict[str, tuple[Entry, ...]] = {
 }
 
 
-# -- SkyRL (`integrations.skyrl`), checked by tests/test_framework_seams.py --------
+# -- SkyRL (`integrations.skyrl`), checked by tests/integrations/test_framework_seams.py --------
 
 # the SkyRL releases `integrations.skyrl` was run against (requirements/skyrl-0.4.0-cpu.txt)
 SKYRL_TESTED = ">=0.4.0,<0.5"
@@ -195,7 +195,7 @@ SKYRL_SEAMS: dict[str, tuple[Entry, ...]] = {
 }
 
 
-# -- verl (`integrations.verl`), checked by tests/test_framework_seams.py ----------
+# -- verl (`integrations.verl`), checked by tests/integrations/test_framework_seams.py ----------
 
 # the verl releases `integrations.verl` was run against (requirements/verl-0.9.1-cpu.txt)
 VERL_TESTED = ">=0.9.1,<0.10"
@@ -279,7 +279,7 @@ VERL_SEAMS: dict[str, tuple[Entry, ...]] = {
 }
 
 
-# -- OpenRLHF (`integrations.openrlhf`), checked by tests/test_framework_seams.py -------
+# -- OpenRLHF (`integrations.openrlhf`), checked by tests/integrations/test_framework_seams.py -------
 
 # the OpenRLHF releases `integrations.openrlhf` was run against
 # (requirements/openrlhf-0.11.2-cpu.txt)

@@ -179,7 +179,7 @@ async def _generate_with_support(request, body: dict):
     from vllm.utils import random_uuid
 
     from vllm_sampling_mask.config import mask_enabled
-    from vllm_sampling_mask.validation import MASK_ARG
+    from vllm_sampling_mask.frontend.validation import MASK_ARG
 
     state = request.app.state
     engine = state.engine_client

@@ -76,7 +76,7 @@ from trl.generation.vllm_client import VLLMClient
 from trl.generation.vllm_generation import VLLMGeneration
 
 from vllm_sampling_mask.config import RETURN as RETURN_MASK_ENV
-from vllm_sampling_mask.sampling_mask import SamplingMask
+from vllm_sampling_mask.frontend.sampling_mask import SamplingMask
 from vllm_sampling_mask.training import nucleus_logprobs_from_hidden, pack_masks
 
 __all__ = ["MaskedGRPOTrainer", "MaskedVLLMClient", "MaskedVLLMGeneration", "MASKS_KEY",

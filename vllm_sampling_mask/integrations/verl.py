@@ -69,7 +69,7 @@ def install() -> None:
     if _installed:
         return
     try:
-        from vllm_sampling_mask.patching import apply_patch, disabled
+        from vllm_sampling_mask.patches.apply import apply_patch, disabled
 
         if disabled():
             _installed = True
@@ -135,7 +135,7 @@ def patch_server(module) -> None:
     @functools.wraps(original)
     async def generate(self, *args, **kwargs):
         from vllm_sampling_mask.config import mask_enabled
-        from vllm_sampling_mask.validation import MASK_ARG
+        from vllm_sampling_mask.frontend.validation import MASK_ARG
 
         engine = getattr(self, "engine", None)
         if engine is None or not mask_enabled(engine.vllm_config):

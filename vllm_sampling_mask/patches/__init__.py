@@ -1,20 +1,20 @@
 """Every change this overlay makes to vLLM, one record per patch module.
 
 `REGISTRY` maps a patch's name to its `Patch` record: the module that holds it
-(`patches/<kind>/<name>.py`), the upstream module(s) whose import applies it
+(`patches/<hop>/<kind>/<name>.py`), the upstream module(s) whose import applies it
 (`{role}`: where the release keeps that seam, `releases.Release.modules`), the
 process it acts in, its kind, the span of releases it is written for (`since`,
 `until`, over `releases.RELEASES`), the upstream issue or PR it stands in for, and
 what would let it go. Where two patches wrap the same upstream function, the outer
-one declares `after=` the inner one (`tests/test_registry.py` fails on an
-undeclared stack), and `patching` applies them in that order. A record is the one
+one declares `after=` the inner one (`tests/patches/test_registry.py` fails on an
+undeclared stack), and `patches.apply` applies them in that order. A record is the one
 place a patch's remove-when and `change` (what it changes for the user) are written,
 and it reaches its seam entries (`Patch.seams`: `seams.SEAMS[name]`); each module's
 header says how and why. `docs/design.md`'s patch tables and `docs/releases.md`'s
-record spans are written from the records (`python -m vllm_sampling_mask.patch_docs`).
+record spans are written from the records (`python -m vllm_sampling_mask.tools.patch_docs`).
 
 This module is data: it imports no vLLM and nothing of the machinery that applies
-it (`patching` imports it, never the other way round).
+it (`patches.apply` imports it, never the other way round).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from vllm_sampling_mask import releases
-from vllm_sampling_mask import seams as _seams
+from vllm_sampling_mask.patches import seams as _seams
 from vllm_sampling_mask.releases import Release
 
 
@@ -41,6 +41,10 @@ class Process(enum.Enum):
     ENGINE_CORE = "engine core"
     WORKER = "worker"
 
+
+# where a patch acts: its folder under patches/ (`Patch.hop`)
+_HOPS = {Process.ANY: "common", Process.API_SERVER: "frontend",
+         Process.ENGINE_CORE: "engine", Process.WORKER: "worker"}
 
 @dataclass(frozen=True)
 class Patch:
@@ -61,8 +65,17 @@ class Patch:
         return _seams.SEAMS.get(self.name, ())
 
     @property
+    def hop(self) -> str:
+        """The folder of `patches/` it lives in: where it acts (`Process`; an API-server
+        patch of the HTTP server's modules is in `http`)."""
+        if self.process is Process.API_SERVER and any(
+                t.startswith(("{", "vllm.entrypoints", "starlette")) for t in self.targets):
+            return "http"
+        return _HOPS[self.process]
+
+    @property
     def module(self) -> str:
-        return f"{__name__}.{self.kind.value}.{self.name}"
+        return f"{__name__}.{self.hop}.{self.kind.value}.{self.name}"
 
     @property
     def patches_vllm(self) -> bool:
@@ -222,14 +235,14 @@ _RECORDS = (
           "(serve/utils/server_utils.validation_exception_handler)",
           "upstream words schema errors per field and keeps `param` a field name",
           change=("schema 400s in one sentence naming the parameter "
-                  "(`messages.describe`), malformed JSON as `param: body`")),
+                  "(`error_sentences.describe`), malformed JSON as `param: body`")),
     Patch("refusal_log", (APP,), API, X,
           NONE_KNOWN + "a refused streamed request logs a 29-line traceback "
           "('Error in completion stream generator') for a clean HTTP 400",
           "upstream's stream generators log client errors without a traceback",
           change=("a refused streamed request (a client error) logs one line, not a "
                   "traceback (non-streamed refusals log theirs from the route "
-                  "patches, `_http.refusing` / `answered`)")),
+                  "patches, `_refusals.refusing` / `answered`)")),
     Patch("reload_weights_recovery", ("vllm.v1.worker.gpu_worker",), WORKER, X,
           NONE_KNOWN + "reload_weights: an exception part-way leaves layers on the meta "
           "device (the engine dies on its next step); weights_path is not checked "

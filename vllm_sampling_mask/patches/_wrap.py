@@ -47,7 +47,7 @@ def wraps_method(module, name: str):
     benchmarks/bench_serving.py --hand-off`, `output processor, streams`). Only for
     a method defined as a plain function (not a classmethod, staticmethod or
     other descriptor), and its only wrapper: it stacks with nothing, either way
-    round (tests/test_registry.py reads the stacks wrapt records)."""
+    round (tests/patches/test_registry.py reads the stacks wrapt records)."""
     owner, attr, original = _target(module, name)
     if not isinstance(original, FunctionType) or hasattr(original, "__wrapped__"):
         raise TypeError(f"wraps_method: {name} is not an unwrapped plain method "

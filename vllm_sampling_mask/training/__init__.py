@@ -19,7 +19,7 @@ with ``p_t(v) = softmax(z_t restricted to S_t)[v]``.  Ids outside the support
 get exactly zero gradient, which is the point: the policy gradient is taken
 with respect to the distribution the rollout actually used.
 
-Packed mask layout (shared with :class:`~vllm_sampling_mask.sampling_mask.SamplingMask`)::
+Packed mask layout (shared with :class:`~vllm_sampling_mask.frontend.sampling_mask.SamplingMask`)::
 
     ids      [N]      every support concatenated, N = sum_t |S_t|
     offsets  [T + 1]  offsets[0] == 0, offsets[-1] == N, non-decreasing;
@@ -113,7 +113,7 @@ the block loop depends on data, so those parts run eagerly between graph
 breaks.  Checked with torch 2.13 on CPU.
 
 This package depends on torch, numpy, the standard library and the numpy-only
-``vllm_sampling_mask.sampling_mask``.
+``vllm_sampling_mask.frontend.sampling_mask``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Input normalisation and validation shared by the ops.
 
-Masks arrive as a :class:`~vllm_sampling_mask.sampling_mask.SamplingMask` or a
+Masks arrive as a :class:`~vllm_sampling_mask.frontend.sampling_mask.SamplingMask` or a
 pair ``(ids, offsets)`` of tensors / arrays; token ids as ``[T]`` integer
 tensors or arrays; the temperature as a float or a ``[T]`` tensor.  This module
 turns them into index tensors on the compute device (``mask_to_tensors``,
@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Optional, Union
 import numpy as np
 import torch
 
-from vllm_sampling_mask.sampling_mask import SamplingMask
+from vllm_sampling_mask.frontend.sampling_mask import SamplingMask
 
 from .segments import segment_ids
 

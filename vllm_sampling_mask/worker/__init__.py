@@ -1,7 +1,7 @@
 """The model runner's side of the mask: one small state per concern.
 
 Plain modules (numpy, torch; no vLLM import), in the style of Model Runner V2's own
-`*State` classes. The runner adapters (`patches/feature/runner*.py`,
+`*State` classes. The runner adapters (`patches/worker/feature/runner*.py`,
 `sampler*.py`) are thin: they read upstream's host arrays and call these.
 
 - `requests.MaskRequests`: per request slot (MRv2) or batch row (V1), does the

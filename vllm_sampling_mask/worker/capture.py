@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from vllm_sampling_mask.errors import MissingSamplingMaskError
-from vllm_sampling_mask.extraction import host_index
-from vllm_sampling_mask.support_logprobs import scaled_top_logprob
+from vllm_sampling_mask.worker.extraction import host_index
+from vllm_sampling_mask.worker.support_logprobs import scaled_top_logprob
 
 
 class ScaledCapture:

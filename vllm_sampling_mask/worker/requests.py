@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from vllm_sampling_mask.validation import wants_mask, wants_support_logprobs
+from vllm_sampling_mask.frontend.validation import wants_mask, wants_support_logprobs
 
 
 class MaskRequests:

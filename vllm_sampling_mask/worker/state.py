@@ -35,8 +35,8 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from vllm_sampling_mask import extraction
-from vllm_sampling_mask.extraction import (
+from vllm_sampling_mask.worker import extraction
+from vllm_sampling_mask.worker.extraction import (
     DEFAULT_SETTINGS,
     DeviceMask,
     ExtractionSettings,
@@ -46,9 +46,9 @@ from vllm_sampling_mask.extraction import (
     no_rows,
     plan_layout,
 )
-from vllm_sampling_mask import support_logprobs
-from vllm_sampling_mask.support_logprobs import gather_support_logprobs
-from vllm_sampling_mask.transport import PinnedPool
+from vllm_sampling_mask.worker import support_logprobs
+from vllm_sampling_mask.worker.support_logprobs import gather_support_logprobs
+from vllm_sampling_mask.worker.transport import PinnedPool
 from vllm_sampling_mask.worker import plan as plans
 from vllm_sampling_mask.worker.capture import ScaledCapture
 from vllm_sampling_mask.worker.plan import StepPlan

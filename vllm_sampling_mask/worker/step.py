@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vllm_sampling_mask.errors import MissingSamplingMaskError
-from vllm_sampling_mask.extraction import DeviceMask
-from vllm_sampling_mask.transport import MaskCopy, StepWithoutMasks
+from vllm_sampling_mask.worker.extraction import DeviceMask
+from vllm_sampling_mask.worker.transport import MaskCopy, StepWithoutMasks
 from vllm_sampling_mask.worker import plan as plans
 from vllm_sampling_mask.worker.capture import ScaledCapture
 from vllm_sampling_mask.worker.plan import StepPlan

@@ -1,0 +1,389 @@
+"""OpenRLHF with sampling masks (`vllm_sampling_mask.integrations.openrlhf`), against
+OpenRLHF's own code.
+
+The row helpers run everywhere (numpy and torch). The rest need OpenRLHF (its
+environment: requirements/openrlhf-0.11.2-cpu.txt, docs/rl_recipes.md "OpenRLHF") and
+are skipped elsewhere:
+
+- OpenRLHF's `RolloutRayActor` as a Ray actor (`num_gpus=0`; `create_vllm_engines`
+  asks for GPU bundles, which a CPU host never has) with a real engine of the demo
+  model (float32, enforce_eager, a 1 GiB KV cache, processed logprobs as OpenRLHF sets
+  them with `--algo.advantage.is_correction_level`), the Ray job's runtime
+  environment from `adapter.runtime_env()` (the launcher's): its
+  `generate_responses`, run by OpenRLHF's `SingleTurnAgentExecutor`, returns one
+  support per generated token equal to the engine's own (the same seeded request
+  on the actor's `generate`); OpenRLHF's `_process_response_into_experience`,
+  `Experience.concat_experiences`, `split_experience_batch` and
+  `make_experience_batch` carry it;
+- OpenRLHF's `Actor` (the demo model loaded by `Actor.__init__`, float32, eager
+  attention) and `PolicyLoss` on CPU tensors: with the masks, the old
+  log-probabilities equal the engine's processed log-probabilities (ratio 1 within
+  1e-5 at equal weights, the correction's `vllm_kl` 0); without them (OpenRLHF as
+  shipped) they do not.
+
+`PolicyModelActor.forward`, `ReferenceModelActor.forward` and `ppo_train` (which
+calls `training_step`) start with `torch.cuda.current_device()`, so the actors'
+forward and training step do not run here; their patches are checked by the seams
+(tests/integrations/test_framework_seams.py) and the `masks_for_forward` hand-off they use is
+tested below with `Actor.forward`.
+
+A test-only stand-in of flash-attn (tests/flash_attn_stand_in.py): `openrlhf.models.actor`
+imports `flash_attn.bert_padding` and `flash_attn.utils.distributed` at module top (for
+packed samples, which these tests do not use), and flash-attn does not build without
+CUDA; the stand-in holds those pure tensor functions only.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+import numpy as np
+import pytest
+import torch
+
+import flash_attn_stand_in
+from ray_head import ray_head
+
+from vllm_sampling_mask.integrations import openrlhf as adapter
+
+pytestmark = pytest.mark.openrlhf
+
+PROMPTS = ["The cat sat on the", "Once upon a time", "1 2 3 4"]
+MAX_TOKENS = [12, 9, 11]
+SAMPLING = dict(temperature=0.8, top_k=8, top_p=0.7)
+MAX_LEN = 128
+
+
+# -- rows (no OpenRLHF needed) ----------------------------------------------------------
+
+
+def test_observation_rows_put_each_requests_mask_on_its_action_range():
+    first = (np.array([4, 9, 5], np.int32), np.array([0, 2, 3]))
+    second = (np.array([7, 1], np.int32), np.array([0, 1, 2]))
+    # 3 prompt tokens, 2 generated, 1 environment token, 2 generated
+    ids, offsets = adapter.observation_rows(8, [(3, 5), (6, 8)], [first, second])
+    rows = [ids[offsets[t]:offsets[t + 1]].tolist() for t in range(8)]
+    assert rows == [[], [], [], [4, 9], [5], [], [7], [1]]
+    with pytest.raises(ValueError, match="2 action ranges but made 1 engine requests"):
+        adapter.observation_rows(8, [(3, 5), (6, 8)], [first])
+    with pytest.raises(ValueError, match=r"action range 0 \(3, 6\) .* 2 generated tokens"):
+        adapter.observation_rows(8, [(3, 6)], [first])
+
+
+def test_action_rows_cut_like_the_action_mask():
+    rows = (np.array([4, 9, 5, 7], np.int32), np.array([0, 0, 2, 3, 4]))
+    ids, offsets = adapter.action_rows(rows, 1, 3)
+    assert ids.tolist() == [4, 9, 5] and offsets.tolist() == [0, 2, 3]
+    ids, offsets = adapter.action_rows(rows, 1, 100)   # max_len past the end
+    assert offsets.tolist() == [0, 2, 3, 4]
+
+
+def test_support_log_probs_over_each_rows_support_full_softmax_without_one():
+    logits = torch.randn(2, 4, 10, dtype=torch.float64)
+    sequences = torch.tensor([[0, 4, 5, 2], [1, 3, 3, 0]])
+    masks = [(np.array([4, 9, 5, 1], np.int32), np.array([0, 2, 3, 3])), None]
+    values = adapter.support_log_probs(logits, sequences, masks, 3)
+    z = logits
+    want = [[z[0, 0, 4] - z[0, 0, [4, 9]].logsumexp(0), z[0, 1, 5] - z[0, 1, 5],
+             z[0, 2, 2] - z[0, 2].logsumexp(0)],
+            [z[1, j, sequences[1, j + 1]] - z[1, j].logsumexp(0) for j in range(3)]]
+    assert torch.allclose(values, torch.tensor(want, dtype=values.dtype))
+
+
+# -- OpenRLHF's rollout actor with a real engine ----------------------------------------
+
+
+def _need_openrlhf():
+    pytest.importorskip("openrlhf", reason="OpenRLHF is not installed (its environment: "
+                        "requirements/openrlhf-0.11.2-cpu.txt, docs/rl_recipes.md 'OpenRLHF')")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from vllm_sampling_mask import DEMO_MODEL
+    return AutoTokenizer.from_pretrained(DEMO_MODEL)
+
+
+@pytest.fixture(scope="module")
+def rollout_actor():
+    _need_openrlhf()
+    ray = pytest.importorskip("ray", reason="Ray is not installed")
+    adapter.install()
+    import vllm  # noqa: F401  (the overlay's vLLM first, as OpenRLHF imports it)
+    from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
+
+    from vllm_sampling_mask import DEMO_MODEL
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    with ray_head(ray, size=50, env=env, prefix="openrlhf-ray-",
+                  runtime_env=adapter.runtime_env()):
+        # create_vllm_engines' arguments, with float32 and a KV cache size for a CPU
+        # host, and no GPU (it would place the actor in a GPU bundle)
+        actor = RolloutRayActor.options(num_cpus=1, num_gpus=0).remote(
+            model=DEMO_MODEL, enforce_eager=True, tensor_parallel_size=1, seed=0,
+            distributed_executor_backend="uni", max_model_len=MAX_LEN,
+            enable_prefix_caching=False, dtype="float32", trust_remote_code=True,
+            full_determinism=False, kv_cache_memory_bytes=1 << 30, bundle_indices=None,
+            num_gpus=0, enable_sleep_mode=False, agent_func_path=None, remote_rm_url=None,
+            mm_pad_token_ids=set(), logprobs_mode="processed_logprobs", max_logprobs=1)
+        ray.get(actor.get_num_unfinished_requests.remote(), timeout=600)
+        yield types.SimpleNamespace(actor=actor, ray=ray)
+        ray.kill(actor)
+
+
+def test_the_launcher_runs_openrlhfs_train_ppo_ray_as_main(rollout_actor, capsys):
+    """The launcher hands its arguments to OpenRLHF's own CLI (here `--help`, which
+    stops after argparse; a training run needs GPU bundles) in a process connected to
+    Ray, so OpenRLHF's `train` keeps the job's runtime environment."""
+    import sys
+
+    flash_attn_stand_in.install()
+    argv = list(sys.argv)
+    with pytest.raises(SystemExit) as stop:
+        adapter.main(["--help"])
+    sys.argv = argv
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert "--train.agent_func_path" in out and "--algo.advantage.is_correction_level" in out
+    env = adapter.runtime_env()
+    assert env["env_vars"]["VLLM_SAMPLING_MASK_RETURN"] == "1"
+    assert env["worker_process_setup_hook"] == "vllm_sampling_mask.integrations.openrlhf.install"
+
+
+def _params(max_tokens, seed, **extra):
+    from vllm import SamplingParams
+
+    # SamplesGenerator._dispatch_prompts_to_vllm's parameters (logprobs=1: the
+    # correction is on), with a seed so that a request can be repeated
+    return SamplingParams(**SAMPLING, max_tokens=max_tokens, min_tokens=1,
+                          skip_special_tokens=False, logprobs=1, seed=seed, **extra)
+
+
+@pytest.fixture(scope="module")
+def responses(rollout_actor, tokenizer):
+    ray = rollout_actor.ray
+    return [ray.get(rollout_actor.actor.generate_responses.remote(
+        prompt=p, label="", sampling_params=_params(n, 11 + i), max_length=MAX_LEN,
+        hf_tokenizer=tokenizer, num_samples=1), timeout=300)[0]
+        for i, (p, n) in enumerate(zip(PROMPTS, MAX_TOKENS))]
+
+
+def _rows(pair):
+    ids, offsets = pair
+    return [ids[offsets[t]:offsets[t + 1]].tolist() for t in range(len(offsets) - 1)]
+
+
+def test_rollout_actor_returns_the_engines_mask_one_support_per_generated_token(
+        rollout_actor, responses, tokenizer):
+    ray = rollout_actor.ray
+    for i, (prompt, n, out) in enumerate(zip(PROMPTS, MAX_TOKENS, responses)):
+        (start, end), = out["action_ranges"]
+        rows = _rows(out[adapter.MASK_KEY])
+        assert len(rows) == len(out["observation_tokens"]) == end
+        assert all(r == [] for r in rows[:start])              # prompt tokens
+        prompt_ids = out["observation_tokens"][:start]
+        # the same seeded request on the actor's own generate, mask asked directly
+        engine = ray.get(rollout_actor.actor.generate.remote(
+            prompt_ids, _params(n, 11 + i, extra_args={"return_sampling_mask": True})),
+            timeout=300).outputs[0]
+        assert list(engine.token_ids) == out["observation_tokens"][start:end]
+        assert rows[start:end] == [engine.sampling_mask.ids[
+            engine.sampling_mask.offsets[t]:engine.sampling_mask.offsets[t + 1]].tolist()
+            for t in range(len(engine.token_ids))]
+        assert all(tok in row for tok, row in zip(engine.token_ids, rows[start:end]))
+    assert any(len(r) > 1 for out in responses for r in _rows(out[adapter.MASK_KEY]))
+
+
+def test_a_greedy_request_gets_empty_rows_and_is_served(rollout_actor, tokenizer):
+    from vllm import SamplingParams
+
+    out, = rollout_actor.ray.get(rollout_actor.actor.generate_responses.remote(
+        prompt=PROMPTS[0], label="", max_length=MAX_LEN, hf_tokenizer=tokenizer,
+        sampling_params=SamplingParams(temperature=0.0, max_tokens=6, logprobs=1),
+        num_samples=1), timeout=300)
+    (start, end), = out["action_ranges"]
+    assert end > start
+    assert _rows(out[adapter.MASK_KEY]) == [[]] * end   # no mask: the full softmax
+
+
+def _experiences(responses):
+    from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+
+    generator = object.__new__(SamplesGenerator)   # the method reads no state
+    return [generator._process_response_into_experience(r, max_len=MAX_LEN)
+            for r in responses]
+
+
+def test_the_mask_reaches_the_experience_and_survives_openrlhfs_batching(responses):
+    from openrlhf.trainer.ppo_utils.experience import (Experience, make_experience_batch,
+                                                       split_experience_batch)
+
+    experiences = _experiences(responses)
+    for exp, out in zip(experiences, responses):
+        (start, end), = out["action_ranges"]
+        mask, = exp.sampling_mask
+        rows = _rows(mask)
+        action = exp.action_mask[0].tolist()
+        assert len(rows) == len(action)                       # one row per action column
+        assert [bool(r) for r in rows] == [bool(a) for a in action]
+        assert rows == _rows(out[adapter.MASK_KEY])[1:]
+        assert sum(action) == end - start                     # one per generated token
+    batch = Experience.concat_experiences(experiences, pad_token_id=0)
+    assert len(batch.sampling_mask) == len(experiences)
+    items = split_experience_batch(batch)
+    rebuilt = make_experience_batch(items)
+    for got, exp in zip(rebuilt.sampling_mask, experiences):
+        assert _rows(got) == _rows(exp.sampling_mask[0])
+
+
+# -- OpenRLHF's Actor and PolicyLoss on CPU tensors -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def actor():
+    _need_openrlhf()
+    flash_attn_stand_in.install()
+    adapter.install()
+    import openrlhf.utils.utils as ou
+    from openrlhf.models.actor import Actor
+
+    from vllm_sampling_mask import DEMO_MODEL
+
+    # Actor.__init__ takes "bf16" or "fp16" only; float32 here, as the engine runs
+    original = ou.convert_to_torch_dtype
+    ou.convert_to_torch_dtype = lambda name: torch.float32
+    try:
+        model = Actor(DEMO_MODEL, attn_implementation="eager", param_dtype="bf16",
+                      temperature=SAMPLING["temperature"])
+    finally:
+        ou.convert_to_torch_dtype = original
+    assert model.model.dtype == torch.float32
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def batch(responses):
+    from openrlhf.trainer.ppo_utils.experience import Experience
+
+    return Experience.concat_experiences(_experiences(responses), pad_token_id=0)
+
+
+def _ratio(log_probs, batch):
+    keep = batch.action_mask.bool()
+    return (log_probs - batch.rollout_log_probs)[keep].exp()
+
+
+def test_old_log_probs_over_the_support_equal_the_engines_and_stock_do_not(actor, batch):
+    from openrlhf.models.loss import PolicyLoss
+
+    with torch.no_grad():
+        with adapter.masks_for_forward(batch.sampling_mask):
+            masked = actor(batch.sequences, batch.action_mask, batch.attention_mask)
+        stock = actor(batch.sequences, batch.action_mask, batch.attention_mask)
+    ratio = _ratio(masked, batch)
+    assert ratio.numel() == int(batch.action_mask.sum())
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5), ratio
+    stock_ratio = _ratio(stock, batch)
+    assert (stock_ratio - 1).abs().max() > 1e-2, stock_ratio    # OpenRLHF as shipped
+    print(f"\nOpenRLHF Actor.forward, {ratio.numel()} action tokens: largest |ratio - 1| "
+          f"{float((ratio - 1).abs().max()):.2g} over the support, "
+          f"{float((stock_ratio - 1).abs().max()):.2g} over the full softmax "
+          f"(stock ratios {float(stock_ratio.min()):.3g} to {float(stock_ratio.max()):.3g})")
+    # the same through the explicit argument
+    with torch.no_grad():
+        direct = actor(batch.sequences, batch.action_mask, batch.attention_mask,
+                       sampling_mask=batch.sampling_mask)
+    assert torch.equal(direct, masked)
+
+    loss_fn = PolicyLoss(is_correction_level="token", is_correction_mode="mask")
+    advantages = torch.ones_like(masked)
+    _, _, _, vllm_kl, filtered = loss_fn(masked, masked, advantages,
+                                         action_mask=batch.action_mask,
+                                         rollout_log_probs=batch.rollout_log_probs)
+    assert abs(float(vllm_kl)) < 1e-6 and float(filtered) == 0.0
+    _, _, _, stock_kl, _ = loss_fn(stock, stock, advantages, action_mask=batch.action_mask,
+                                   rollout_log_probs=batch.rollout_log_probs)
+    assert abs(float(stock_kl)) > 1e-3
+    print(f"PolicyLoss vllm_kl: {float(vllm_kl):.2g} with masks, {float(stock_kl):.2g} without")
+
+
+def test_the_loss_gradient_reaches_only_each_tokens_support(actor, batch):
+    from openrlhf.models.loss import PolicyLoss
+
+    with torch.no_grad():
+        with adapter.masks_for_forward(batch.sampling_mask):
+            old = actor(batch.sequences, batch.action_mask, batch.attention_mask)
+    captured = {}
+
+    def keep_logits(module, args, output):   # returns None: the output is unchanged
+        captured["logits"] = output["logits"]
+
+    handle = actor.model.register_forward_hook(keep_logits)
+    try:
+        with adapter.masks_for_forward(batch.sampling_mask):
+            new = actor(batch.sequences, batch.action_mask, batch.attention_mask)
+    finally:
+        handle.remove()
+    logits = captured["logits"]
+    logits.retain_grad()
+    loss, *_ = PolicyLoss()(new, old, torch.ones_like(new), action_mask=batch.action_mask)
+    loss.backward()
+    grad = logits.grad
+    for b, mask in enumerate(batch.sampling_mask):
+        for j, row in enumerate(_rows(mask)):
+            nonzero = torch.nonzero(grad[b, j]).flatten().tolist()
+            assert set(nonzero) <= set(row), (b, j)
+            if len(row) > 1:
+                assert nonzero, (b, j)
+
+
+def test_packed_samples_are_refused_naming_the_flag(actor, batch):
+    actor.packing_samples = True
+    try:
+        with pytest.raises(ValueError, match="--ds.packing_samples"):
+            actor(batch.sequences, batch.action_mask, batch.attention_mask,
+                  sampling_mask=batch.sampling_mask)
+    finally:
+        actor.packing_samples = False
+
+
+def test_each_patch_has_its_record_and_seams():
+    from vllm_sampling_mask.integrations.seams import OPENRLHF_SEAMS
+
+    names = [p.name for p in adapter.PATCHES]
+    assert len(set(names)) == len(names)
+    for patch in adapter.PATCHES:
+        assert patch.what and patch.why and patch.remove_when, patch.name
+        assert OPENRLHF_SEAMS.get(patch.seams), patch.name
+        assert patch.module.startswith("openrlhf.")
+
+
+def test_install_patches_openrlhfs_modules_as_they_load():
+    _need_openrlhf()
+    flash_attn_stand_in.install()
+    adapter.install()
+    import dataclasses
+
+    from openrlhf.models.actor import Actor
+    from openrlhf.trainer.ppo_utils.experience import Experience
+    from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+    from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+    from openrlhf.trainer.ray.launcher import ReferenceModelActor
+    from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
+    from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
+
+    assert adapter.MASK_KEY in [f.name for f in dataclasses.fields(Experience)]
+    assert Experience().sampling_mask == []
+    assert Experience(sampling_mask=[None]).sampling_mask == [None]
+    patched = [
+        adapter._actor_class(RolloutRayActor).generate_responses,
+        SamplesGenerator._process_response_into_experience,
+        RemoteExperienceMaker.make_experience, RemoteExperienceMaker._dispatch_forward,
+        adapter._actor_class(PolicyModelActor).forward,
+        adapter._actor_class(ReferenceModelActor).forward,
+        ActorPPOTrainer.training_step, Actor.forward]
+    assert all(getattr(f, adapter._MARK, False) for f in patched)

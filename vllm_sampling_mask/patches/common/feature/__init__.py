@@ -1,0 +1,2 @@
+"""Patches of upstream modules every vLLM process may import (configuration, output
+types, the platform): the sampling mask itself."""

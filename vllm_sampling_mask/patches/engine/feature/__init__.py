@@ -1,0 +1,1 @@
+"""Patches that act in the engine core (the scheduler): the sampling mask itself."""

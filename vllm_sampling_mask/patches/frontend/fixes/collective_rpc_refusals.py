@@ -1,0 +1,120 @@
+"""`POST /collective_rpc`: the caller's mistakes are HTTP 400s with one line.
+
+What: wraps `AsyncLLM.collective_rpc` (vllm/v1/engine/async_llm.py; the route
+    `POST /collective_rpc` and `AsyncLLM` callers; `collective_rpc_refusals_sync` does
+    the same for `LLM`):
+    - before the call, a call by name that cannot run (`rpc_check.rpc_problem`: a
+      method that is no string, private, or not the worker's; `args`, `kwargs` or
+      `timeout` of the wrong type; arguments that do not bind to the method) is
+      refused with the release's validation error naming the parameter (HTTP 400),
+      and never reaches the workers. The worker's methods are looked up on the
+      worker wrapper, the worker class and its extension (`parallel_config.
+      worker_cls`, `worker_extension_cls`), imported once here;
+    - after it, a worker's `WeightsRefusedError` (`reload_weights_recovery`: the
+      reload's arguments or checkpoint failed a check, nothing was loaded), which
+      reaches this process as text inside a plain `Exception("Call to
+      collective_rpc method failed: ...")`, is raised again as the validation error
+      with its own line and parameter (HTTP 400); a reload undone part-way
+      (`WeightsRestoredError`) as that error with its line alone (HTTP 500 without
+      the worker's wrapping). Every other failure and every success are left as
+      they were.
+Why: upstream's route checks only that the body is a JSON object with a `method`:
+    a method that is not a string, not the worker's, or arguments that do not fit
+    reach the workers, fail there, and come back as a plain `Exception` that the
+    app's catch-all handler answers with HTTP 500 and the worker's wrapped text (a
+    nonexistent checkpoint path: a 500); `"method": "__init__"` re-ran the worker
+    wrapper's constructor.
+Upstream: none known; would file "/collective_rpc answers caller errors with 500
+    (the worker's exception crosses processes as text) and runs any attribute of
+    the worker, private ones included".
+"""
+
+from __future__ import annotations
+
+from vllm_sampling_mask.errors import WeightsRefusedError, WeightsRestoredError
+from vllm_sampling_mask.patches._wrap import argument, wraps
+from vllm_sampling_mask.releases import Release
+from vllm_sampling_mask.http.rpc_check import rpc_problem
+from vllm_sampling_mask.worker.weights_check import failure_in, refusal_in, refused_parameter
+
+_CLASSES = "_sampling_mask_worker_classes"
+
+
+def worker_classes(engine) -> tuple | None:
+    """Where a call by name finds its method, in the order the worker wrapper
+    looks (its own attributes, then the worker's); None when they cannot be
+    imported here (the call is then checked by type only)."""
+    found = getattr(engine, _CLASSES, False)
+    if found is not False:
+        return found
+    try:
+        from vllm.utils.import_utils import resolve_obj_by_qualname
+        from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+        parallel = engine.vllm_config.parallel_config
+        classes = [WorkerWrapperBase]
+        for name in (parallel.worker_extension_cls, parallel.worker_cls):
+            if isinstance(name, str) and name and name != "auto":
+                classes.append(resolve_obj_by_qualname(name))
+            elif isinstance(name, type):
+                classes.append(name)
+        found = tuple(classes) if len(classes) > 1 else None
+    except Exception:   # an unusual worker: checked by type only
+        found = None
+    setattr(engine, _CLASSES, found)
+    return found
+
+
+def refused(engine, args, kwargs, wrapped):
+    """The validation error for a call that cannot run, or None."""
+    problem = rpc_problem(argument(wrapped, args, kwargs, "method"),
+                          argument(wrapped, args, kwargs, "args"),
+                          argument(wrapped, args, kwargs, "kwargs"),
+                          argument(wrapped, args, kwargs, "timeout"),
+                          worker_classes(engine))
+    if problem is None:
+        return None
+    from vllm.exceptions import VLLMValidationError
+    parameter, message = problem
+    return VLLMValidationError(f"collective_rpc refused ({parameter}): {message}",
+                               parameter=parameter)
+
+
+def translated(exc: Exception, client: bool) -> Exception | None:
+    """The overlay's reload error that `exc` carries (as itself or as text), as the
+    API raises it: a validation error for the HTTP app (`client`), the overlay's
+    own class for `LLM`; None when it carries none."""
+    text = str(exc)
+    refusal = refusal_in(text)
+    if refusal is not None:
+        parameter = refused_parameter(refusal)
+        if client:
+            from vllm.exceptions import VLLMValidationError
+            return VLLMValidationError(refusal, parameter=parameter)
+        if isinstance(exc, WeightsRefusedError):
+            return exc
+        reason = refusal[len(WeightsRefusedError.PREFIX) + len(parameter) + 3:]
+        return WeightsRefusedError(reason, parameter=parameter)
+    failure = failure_in(text)
+    if failure is not None:
+        if isinstance(exc, WeightsRestoredError):
+            return exc
+        restored = WeightsRestoredError(RuntimeError())
+        restored.args = (failure,)
+        return restored
+    return None
+
+
+def apply(module, release: Release) -> None:
+    @wraps(module, "AsyncLLM.collective_rpc")
+    async def collective_rpc(wrapped, self, args, kwargs):
+        refusal = refused(self, args, kwargs, wrapped)
+        if refusal is not None:
+            raise refusal
+        try:
+            return await wrapped(*args, **kwargs)
+        except Exception as exc:
+            known = translated(exc, client=True)
+            if known is None or known is exc:
+                raise
+            raise known from None

@@ -1,0 +1,1 @@
+"""Patches of the HTTP server (`vllm serve`'s routes, protocol and app)."""

@@ -1,0 +1,2 @@
+"""Patches of the HTTP server (`vllm serve`'s routes, protocol and app): the sampling
+mask itself."""

@@ -1,0 +1,1 @@
+"""Patches that act in the worker (the model runner, the sampler)."""

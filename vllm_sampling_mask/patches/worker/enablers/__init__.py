@@ -1,0 +1,2 @@
+"""Patches that act in the worker (the model runner, the sampler): CPU / Triton-
+interpreter enablers, applied only with TRITON_INTERPRET=1."""

