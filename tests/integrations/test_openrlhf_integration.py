@@ -24,13 +24,14 @@ are skipped elsewhere:
 `PolicyModelActor.forward`, `ReferenceModelActor.forward` and `ppo_train` (which
 calls `training_step`) start with `torch.cuda.current_device()`, so the actors'
 forward and training step do not run here; their patches are checked by the seams
-(tests/integrations/test_framework_seams.py) and the `masks_for_forward` hand-off they use is
-tested below with `Actor.forward`.
+(tests/integrations/test_framework_seams.py) and the `masks_for_forward` hand-off they
+use is tested below with `Actor.forward`.
 
-A test-only stand-in of flash-attn (tests/flash_attn_stand_in.py): `openrlhf.models.actor`
-imports `flash_attn.bert_padding` and `flash_attn.utils.distributed` at module top (for
-packed samples, which these tests do not use), and flash-attn does not build without
-CUDA; the stand-in holds those pure tensor functions only.
+A test-only stand-in of flash-attn (tests/flash_attn_stand_in.py):
+`openrlhf.models.actor` imports `flash_attn.bert_padding` and
+`flash_attn.utils.distributed` at module top (for packed samples, which these tests do
+not use), and flash-attn does not build without CUDA; the stand-in holds those pure
+tensor functions only.
 """
 
 from __future__ import annotations

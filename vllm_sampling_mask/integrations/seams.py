@@ -279,7 +279,8 @@ VERL_SEAMS: dict[str, tuple[Entry, ...]] = {
 }
 
 
-# -- OpenRLHF (`integrations.openrlhf`), checked by tests/integrations/test_framework_seams.py -------
+# -- OpenRLHF (`integrations.openrlhf`), checked by
+# tests/integrations/test_framework_seams.py ---------------------------------------------
 
 # the OpenRLHF releases `integrations.openrlhf` was run against
 # (requirements/openrlhf-0.11.2-cpu.txt)
