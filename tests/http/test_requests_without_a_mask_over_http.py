@@ -14,17 +14,7 @@ from vllm_sampling_mask import SamplingMask
 
 from conftest import CHAT, CMPL, GEN
 from conftest import route_body as body
-
-
-def post(base, route, payload, **kwargs):
-    data = payload if isinstance(payload, str) else json.dumps(payload)
-    return requests.post(base + route, data=data, timeout=120,
-                         headers={"Content-Type": "application/json"}, **kwargs)
-
-
-def masks_of(r):
-    assert r.status_code == 200, r.text
-    return [c["sampling_mask"] for c in r.json()["choices"]]
+from route_calls import masks_of, post
 
 
 @pytest.mark.parametrize("route", [GEN, CMPL, CHAT])

@@ -3,27 +3,14 @@ no mask unasked, and asked, the answer top_k=0 gets (conftest's `mask_server`)."
 
 from __future__ import annotations
 
-import json
-
 import pytest
-import requests
 
 from conftest import CMPL, GEN
 from conftest import route_body as body
+from route_calls import masks_of, post
 
 
 V = 4096
-
-
-def post(base, route, payload, **kwargs):
-    data = payload if isinstance(payload, str) else json.dumps(payload)
-    return requests.post(base + route, data=data, timeout=120,
-                         headers={"Content-Type": "application/json"}, **kwargs)
-
-
-def masks_of(r):
-    assert r.status_code == 200, r.text
-    return [c["sampling_mask"] for c in r.json()["choices"]]
 
 
 @pytest.mark.parametrize("route", [GEN, CMPL])

@@ -3,19 +3,12 @@ error and its parameter and no traceback (conftest's `mask_server`)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import requests
 
 from conftest import CHAT, CMPL, GEN
 from conftest import route_body as body
-
-
-def post(base, route, payload, **kwargs):
-    data = payload if isinstance(payload, str) else json.dumps(payload)
-    return requests.post(base + route, data=data, timeout=120,
-                         headers={"Content-Type": "application/json"}, **kwargs)
+from route_calls import post
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "full"])
