@@ -19,7 +19,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-from ban_ids_processor import BanIdsProcessor
 from conftest import (ENGINE_KWARGS, PROMPTS, assert_supports_match_reference,
                       check_alignment, counter, engine_on, hf_logits)
 from vllm import SamplingParams
@@ -36,6 +35,11 @@ def llm(request):
                   max_num_seqs=8, num_gpu_blocks_override=9, block_size=32,
                   max_logprobs=64, disable_log_stats=False, max_sampling_mask_size=128)
     if request.param == "v1":
+        from vllm_sampling_mask.patches.apply import upstream_release
+        release = upstream_release()
+        if not release.v1_runner:
+            pytest.skip(f"vLLM {release.version} has no V1 model runner")
+        from ban_ids_processor import BanIdsProcessor   # (a V1 logits processor)
         kwargs["logits_processors"] = [BanIdsProcessor]
     engine = engine_on(request.param, **kwargs)
     yield engine
