@@ -76,10 +76,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def v1_runner() -> bool:
+    """Whether the installed release has vLLM's V1 model runner (0.34 removed it and
+    refuses VLLM_USE_V2_MODEL_RUNNER=0): the profile's `v1_runner`."""
+    from vllm_sampling_mask.patches.apply import upstream_release
+    return upstream_release().v1_runner
+
+
+def skip_without_v1_runner() -> None:
+    """Skips the calling test where the release has no V1 model runner."""
+    if not v1_runner():
+        from vllm_sampling_mask.patches.apply import upstream_release
+        pytest.skip(f"vLLM {upstream_release().version} has no V1 model runner "
+                    "(Release.v1_runner): this test is of the V1 runner")
+
+
 @contextlib.contextmanager
 def native_v1():
     """Engines built inside this block run vLLM's V1 runner natively: the processes
-    they spawn see neither TRITON_INTERPRET nor VLLM_USE_V2_MODEL_RUNNER=1."""
+    they spawn see neither TRITON_INTERPRET nor VLLM_USE_V2_MODEL_RUNNER=1. Where the
+    release has no V1 runner the test calling it is skipped."""
+    skip_without_v1_runner()
     saved = {k: os.environ.get(k) for k in ("TRITON_INTERPRET", "VLLM_USE_V2_MODEL_RUNNER")}
     os.environ.pop("TRITON_INTERPRET", None)
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
@@ -91,6 +108,12 @@ def native_v1():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def server_runner() -> str:
+    """The runner the tests' servers use: "v1" natively, "mrv2" where the release has
+    no V1 runner."""
+    return "v1" if v1_runner() else "mrv2"
 
 
 def engine_on(runner: str, **kwargs):
@@ -193,7 +216,8 @@ def mask_server_log(tmp_path_factory):
 @pytest.fixture(scope="session")
 def mask_server(mask_server_log):
     """One real `vllm serve` (the stock CLI, patched by the site hook) on the V1
-    runner natively, shared by every HTTP test module: its base URL. Its state
+    runner natively (on Model Runner V2 where the release has no V1 runner), shared
+    by every HTTP test module: its base URL. Its state
     route (`VLLM_SAMPLING_MASK_DEBUG_STATE=1`) lets tests check that no
     per-request state is left behind; vLLM's RL routes (`/pause`, `/resume`,
     `VLLM_SERVER_DEV_MODE=1`) serve tests/server/test_rl_loop.py, which resumes it after
@@ -203,7 +227,7 @@ def mask_server(mask_server_log):
              "--max-sampling-mask-size", str(SERVER_MAX_MASK_SIZE),
              # the README's short name (its snippets run against this server) and the path
              "--served-model-name", "demo", DEMO_MODEL]
-    with serving(free_port(), str(mask_server_log), extra=extra, runner="v1",
+    with serving(free_port(), str(mask_server_log), extra=extra, runner=server_runner(),
                  env={"VLLM_SAMPLING_MASK_DEBUG_STATE": "1",
                       "VLLM_SERVER_DEV_MODE": "1"}) as base:
         yield base
@@ -232,6 +256,9 @@ except TypeError as e:
 
 import vllm.entrypoints.cli.serve
 facts["serve_imports"] = sorted(m for m in sys.modules if m.startswith("vllm."))
+# whether stock vLLM counts Triton as present on this host (test_overlay's plain import)
+from vllm.triton_utils import HAS_TRITON
+facts["has_triton"] = HAS_TRITON
 
 import wrapt
 wraps, real = [], wrapt.wrap_function_wrapper

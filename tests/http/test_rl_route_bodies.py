@@ -30,6 +30,7 @@ import pytest
 import requests
 from rl_http import Stream
 
+from vllm_sampling_mask.patches import REGISTRY
 from vllm_sampling_mask.patches import apply as patching
 from vllm_sampling_mask.releases import within
 from vllm_sampling_mask.http.rl_route_bodies import ROUTE_FIELDS
@@ -153,7 +154,10 @@ def test_the_tokens_only_abort_route_refuses_before_its_background_task(release)
     """`--tokens-only`'s `/abort_requests` as the release's own `attach_router` adds
     it (up to 0.31 inside `attach_router`; from 0.32 `abort_router`), on an app
     with no engine: a bad `request_ids` is refused before the route's background
-    abort (upstream answered 200, or 500 here where no engine is reachable)."""
+    abort (upstream answered 200, or 500 here where no engine is reachable). From
+    0.34 upstream validates the body itself (`AbortRequestsRequest`; the fork's
+    `abort_request_ids` ends there): FastAPI's validation error, a 422 on this bare
+    app, which vLLM's server answers with 400."""
     import importlib
     from argparse import Namespace
 
@@ -165,8 +169,14 @@ def test_the_tokens_only_abort_route_refuses_before_its_background_task(release)
     app.state.args = Namespace(tokens_only=True)
     importlib.import_module(release.module("generate_router")).attach_router(app)
     client = TestClient(app)
+    patched = REGISTRY["abort_request_ids"].applies_to(release)
     for body, parameter in (({"request_ids": 5}, "request_ids"),
                             ({"request_ids": [1]}, "request_ids"), ([1], "body")):
+        if not patched:
+            r = client.post("/abort_requests", json=body)
+            assert r.status_code == 422, r.text
+            assert all(parameter in error["loc"] for error in r.json()["detail"]), r.text
+            continue
         with pytest.raises(VLLMValidationError) as refusal:
             client.post("/abort_requests", json=body)
         assert refusal.value.parameter == parameter, refusal.value

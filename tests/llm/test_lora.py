@@ -183,7 +183,11 @@ def test_fix_base_rows_are_left_alone_by_the_cpu_lora_ops():
     """Rows with adapter index -1 keep their values in every op (shrink, expand,
     expand_slice, and the prefill ops over them); the other rows get their own slot's
     product; a call of -1 rows only changes nothing. Upstream's own ops add the
-    last slot's product to the -1 rows."""
+    last slot's product to the -1 rows up to 0.32 (the fix); from 0.33 they clamp
+    the index and give those rows no product (a shrink writes zeros there)."""
+    from vllm_sampling_mask.patches import REGISTRY
+    from vllm_sampling_mask.patches.apply import upstream_release
+    patched = REGISTRY["cpu_lora_base_rows"].applies_to(upstream_release())
     from vllm.lora.ops.torch_ops import lora_ops
     from vllm.lora.punica_wrapper import punica_cpu
     for name in ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink"):
@@ -196,7 +200,8 @@ def test_fix_base_rows_are_left_alone_by_the_cpu_lora_ops():
     shrunk = c["h"].clone()
     lora_ops.bgmv_shrink(c["x"], c["a"], shrunk, idx, 0.5)
     torch.testing.assert_close(shrunk[~base], want_h[~base])
-    assert torch.equal(shrunk[base], c["h"][base])
+    kept = c["h"] if patched else torch.zeros_like(c["h"])   # no product either way
+    assert torch.equal(shrunk[base], kept[base])
 
     expanded = c["out"].clone()
     lora_ops.bgmv_expand(c["h"], c["b"], expanded, idx, add_inputs=True)
@@ -214,13 +219,14 @@ def test_fix_base_rows_are_left_alone_by_the_cpu_lora_ops():
     lora_ops.sgmv_shrink(c["x"], c["a"], prefill, torch.tensor([0, 1, 2, 3]), seg[1],
                          seg[0], 4, 2, 5, 0.5)
     rows = torch.repeat_interleave(*seg) < 0
-    assert torch.equal(prefill[rows], c["h"][rows])
+    assert torch.equal(prefill[rows], kept[rows])
 
     untouched = c["out"].clone()
     lora_ops.bgmv_expand(c["h"], c["b"], untouched, torch.full((5,), -1), add_inputs=True)
     assert torch.equal(untouched, c["out"])
 
-    upstream = c["out"].clone()
-    lora_ops.bgmv_expand.__wrapped__(c["h"], c["b"], upstream, idx, add_inputs=True)
-    last = torch.einsum("bi,boi->bo", c["h"], c["b"][[1] * 5, 0])
-    torch.testing.assert_close(upstream[base], c["out"][base] + last[base])
+    if patched:   # what the fix changes: upstream's op adds the last slot's product
+        upstream = c["out"].clone()
+        lora_ops.bgmv_expand.__wrapped__(c["h"], c["b"], upstream, idx, add_inputs=True)
+        last = torch.einsum("bi,boi->bo", c["h"], c["b"][[1] * 5, 0])
+        torch.testing.assert_close(upstream[base], c["out"][base] + last[base])

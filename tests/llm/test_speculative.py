@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import (ENGINE_KWARGS, PROMPTS, assert_supports_match_reference,
-                      check_alignment, counter, engine_on)
+                      check_alignment, counter, engine_on, skip_without_v1_runner)
 from test_support_logprobs_engine import check_exact
 from vllm import SamplingParams
 
@@ -257,6 +257,7 @@ def test_min_p_and_logit_bias_never_reach_a_verify_step(llm):
 def test_fix_expand_spreads_each_requests_setting_over_its_drafts():
     """`cpu_verify_expand`: per-request values reach every draft position (upstream's
     CPU override left them uninitialised), with `replace_from` turned into `replace_to`."""
+    skip_without_v1_runner()   # (V1's rejection sampler)
     import torch
     from vllm.v1.sample import rejection_sampler
 
@@ -272,6 +273,7 @@ def test_fix_expand_spreads_each_requests_setting_over_its_drafts():
 @pytest.mark.release_tier
 def test_fix_a_verify_step_without_drafts_leaves_the_logits_alone():
     """`verify_without_drafts`: no draft row, no top-k over an empty batch."""
+    skip_without_v1_runner()   # (V1's rejection sampler)
     import types
 
     import torch

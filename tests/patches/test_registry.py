@@ -179,6 +179,9 @@ def _original(fn):
 def test_v1_batch_update_is_complete_when_may_reorder_batch_returns():
     import inspect
 
+    from conftest import skip_without_v1_runner
+    skip_without_v1_runner()
+
     from vllm.v1.sample.logits_processor.interface import MoveDirectionality
     from vllm.v1.sample.logits_processor.state import BatchUpdateBuilder
     from vllm.v1.worker import gpu_model_runner
