@@ -91,14 +91,27 @@ def skip_without_v1_runner() -> None:
                     "(Release.v1_runner): this test is of the V1 runner")
 
 
+def host_env() -> dict[str, str]:
+    """What every engine and server needs on this host beside its runner's settings:
+    on a host from vLLM's CUDA wheel (Release.cpu_host "cuda-wheel": 0.33, 0.34),
+    TRITON_INTERPRET=1, under which the `cpu_op_*` enablers give the CPU kernels the
+    wheel lacks, on the V1 runner too."""
+    from vllm_sampling_mask.patches.apply import upstream_release
+    if upstream_release().cpu_host == "cuda-wheel":
+        return {"TRITON_INTERPRET": "1"}
+    return {}
+
+
 @contextlib.contextmanager
 def native_v1():
     """Engines built inside this block run vLLM's V1 runner natively: the processes
-    they spawn see neither TRITON_INTERPRET nor VLLM_USE_V2_MODEL_RUNNER=1. Where the
-    release has no V1 runner the test calling it is skipped."""
+    they spawn see neither TRITON_INTERPRET (but where `host_env` needs it) nor
+    VLLM_USE_V2_MODEL_RUNNER=1. Where the release has no V1 runner the test calling it
+    is skipped."""
     skip_without_v1_runner()
     saved = {k: os.environ.get(k) for k in ("TRITON_INTERPRET", "VLLM_USE_V2_MODEL_RUNNER")}
     os.environ.pop("TRITON_INTERPRET", None)
+    os.environ.update(host_env())
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     try:
         yield
@@ -229,7 +242,7 @@ def mask_server(mask_server_log):
              "--served-model-name", "demo", DEMO_MODEL]
     with serving(free_port(), str(mask_server_log), extra=extra, runner=server_runner(),
                  env={"VLLM_SAMPLING_MASK_DEBUG_STATE": "1",
-                      "VLLM_SERVER_DEV_MODE": "1"}) as base:
+                      "VLLM_SERVER_DEV_MODE": "1", **host_env()}) as base:
         yield base
 
 

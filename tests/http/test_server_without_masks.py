@@ -9,7 +9,7 @@ import json
 import pytest
 import requests
 
-from conftest import free_port, server_runner
+from conftest import free_port, host_env, server_runner
 
 from vllm_sampling_mask import DEMO_MODEL
 from vllm_sampling_mask.tools.demo import serving
@@ -19,7 +19,7 @@ from vllm_sampling_mask.tools.demo import serving
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "vllm-serve-no-masks.log"
     with serving(free_port(), str(log), extra=["--max-num-seqs", "8"],
-                 runner=server_runner(), mask=False) as base:
+                 runner=server_runner(), env=host_env(), mask=False) as base:
         yield base
 
 
