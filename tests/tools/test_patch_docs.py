@@ -67,3 +67,10 @@ def test_a_role_target_shows_each_releases_module():
     assert seam.startswith("`{auth}`: `entrypoints.serve.utils.server_utils` (0.24.0-")
     assert "`entrypoints.serve.middleware.authenticate` (0.29.0-" in seam
     assert patch_docs.span(REGISTRY["logit_bias_keys"]) == "0.24.0 only"
+
+
+def test_the_tool_finds_this_repository_without_root():
+    # the default root, as the docs print the command; exit 0 while the pages are current
+    run = subprocess.run([sys.executable, "-m", "vllm_sampling_mask.tools.patch_docs", "--check"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert (run.returncode, run.stderr) == (0, "")

