@@ -62,6 +62,8 @@ EVERY_ENGINE = pytest.mark.parametrize("llm", ENGINES, indirect=True)
 def llm(request, draft):
     runner, method = request.param
     release = upstream_release()
+    if runner == "v1":
+        skip_without_v1_runner()
     if runner == "v1" and not release.v1_cpu_speculation:
         pytest.skip(V1_CANNOT)
     if runner == "mrv2" and method not in release.mrv2_speculators:
