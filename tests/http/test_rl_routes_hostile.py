@@ -94,6 +94,10 @@ BAD_INPUT = [
     rpc({"method": RELOAD, "kwargs": {"weights_path": DEMO_MODEL}, "timeout": -1}),
     rpc({"method": RELOAD, "kwargs": {"weights_path": DEMO_MODEL}, "timeout": True}),
     rpc({"method": "reset_prefix_cache", "args": [1, 2, 3, 4, 5]}),
+    # no --weight-transfer-config on this server (upstream: 500 from the worker)
+    rpc({"method": "start_weight_update"}), rpc({"method": "finish_weight_update"}),
+    rpc({"method": "update_weights", "kwargs": {"update_info": {}}}),
+    rpc({"method": "init_weight_transfer_engine", "kwargs": {"init_info": {}}}),
     ("POST", "/pause", {"params": {"mode": "bogus"}}),
     ("POST", "/pause", {"params": {"clear_cache": "maybe"}}),
     ("POST", "/update_weight_version", {"data": "nope"}),
@@ -151,6 +155,11 @@ def test_the_type_checks_alone():
     assert rpc_problem("sleep", (), {"lvl": 1}, None, (Worker,))[0] == "kwargs"
     assert rpc_problem("sleep", (2,), {}, None, (Worker,)) is None
     assert rpc_problem("reload_weights", (1, 2, 3), {"x": 1}, None, (Worker,)) is None
+    # a weight-transfer method without a backend names the option; with one, it runs
+    parameter, message = rpc_problem("start_weight_update", (), {}, None, None, False)
+    assert parameter == "weight_transfer_config" and "--weight-transfer-config" in message
+    assert rpc_problem("start_weight_update", (), {}, None, None, True) is None
+    assert rpc_problem("reload_weights", (), {}, None, None, False) is None
 
 
 def test_bad_input_is_refused_with_a_4xx_and_the_server_serves_on(server):

@@ -9,7 +9,10 @@ A call by name is refused when its method is no string, names a private attribut
 wrapper's and its own class's attributes, its extension's), or names an attribute
 that is not a method; when `args` is no list, `kwargs` no object of names, `timeout`
 no positive number of seconds; or when the arguments do not bind to the method's own
-signature. A call with a callable (in-process `LLM` callers) is left alone.
+signature; or, on an engine without a weight-transfer backend, when it names one of
+the worker's weight-transfer methods (`WEIGHT_TRANSFER_METHODS`: the worker would
+raise "Weight transfer not configured"). A call with a callable (in-process `LLM`
+callers) is left alone.
 """
 
 from __future__ import annotations
@@ -17,9 +20,16 @@ from __future__ import annotations
 import inspect
 import math
 
-__all__ = ["rpc_problem"]
+from vllm_sampling_mask.http.rl_route_bodies import NO_BACKEND
+
+__all__ = ["rpc_problem", "WEIGHT_TRANSFER_METHODS"]
 
 _MISSING = object()
+# the worker methods that need `--weight-transfer-config` (the routes of the same
+# names are checked by `rl_route_bodies`)
+WEIGHT_TRANSFER_METHODS = frozenset({
+    "init_weight_transfer_engine", "start_weight_update", "start_draft_weight_update",
+    "update_weights", "finish_weight_update"})
 
 
 def _attribute(classes, method: str):
@@ -30,10 +40,18 @@ def _attribute(classes, method: str):
     return None, _MISSING
 
 
-def rpc_problem(method, args, kwargs, timeout, classes=None) -> tuple[str, str] | None:
+def _backend_problem(method: str, weight_transfer: bool) -> tuple[str, str] | None:
+    if weight_transfer or method not in WEIGHT_TRANSFER_METHODS:
+        return None
+    return "weight_transfer_config", NO_BACKEND.format(path=f"collective_rpc {method!r}")
+
+
+def rpc_problem(method, args, kwargs, timeout, classes=None,
+                weight_transfer: bool = True) -> tuple[str, str] | None:
     """(the parameter, what is wrong and the fix) for a call that cannot run, or
     None. `classes`: where the worker's methods are looked up, in order (None: the
-    method and its arguments are not checked against them)."""
+    method and its arguments are not checked against them); `weight_transfer`:
+    whether the engine has a weight-transfer backend."""
     if callable(method) or isinstance(method, bytes):
         return None
     if not isinstance(method, str) or not method:
@@ -53,7 +71,7 @@ def rpc_problem(method, args, kwargs, timeout, classes=None) -> tuple[str, str] 
                                 not math.isfinite(timeout) or timeout <= 0):
         return "timeout", f"timeout must be a positive number of seconds, not {timeout!r}"
     if not classes:
-        return None
+        return _backend_problem(method, weight_transfer)
     owner, found = _attribute(classes, method)
     if found is _MISSING:
         return "method", (f"the worker has no method {method!r}: check its name "
@@ -63,7 +81,7 @@ def rpc_problem(method, args, kwargs, timeout, classes=None) -> tuple[str, str] 
     try:
         signature = inspect.signature(found)
     except (TypeError, ValueError):
-        return None
+        return _backend_problem(method, weight_transfer)
     static = inspect.getattr_static(owner, method, None)
     bound = () if isinstance(static, (staticmethod, classmethod)) or \
         inspect.ismethod(found) else (None,)
@@ -71,4 +89,4 @@ def rpc_problem(method, args, kwargs, timeout, classes=None) -> tuple[str, str] 
         signature.bind(*bound, *args, **(kwargs or {}))
     except TypeError as e:
         return ("args" if not kwargs else "kwargs"), f"{method}: {e}"
-    return None
+    return _backend_problem(method, weight_transfer)

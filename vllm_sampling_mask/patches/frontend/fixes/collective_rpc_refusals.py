@@ -5,7 +5,8 @@ What: wraps `AsyncLLM.collective_rpc` (vllm/v1/engine/async_llm.py; the route
     the same for `LLM`):
     - before the call, a call by name that cannot run (`rpc_check.rpc_problem`: a
       method that is no string, private, or not the worker's; `args`, `kwargs` or
-      `timeout` of the wrong type; arguments that do not bind to the method) is
+      `timeout` of the wrong type; arguments that do not bind to the method; a
+      weight-transfer method on an engine without `--weight-transfer-config`) is
       refused with the release's validation error naming the parameter (HTTP 400),
       and never reaches the workers. The worker's methods are looked up on the
       worker wrapper, the worker class and its extension (`parallel_config.
@@ -65,13 +66,20 @@ def worker_classes(engine) -> tuple | None:
     return found
 
 
+def has_weight_transfer(engine) -> bool:
+    """False only where the engine's config says no weight-transfer backend is set
+    (a release without the option: True, nothing to check)."""
+    config = getattr(engine, "vllm_config", None)
+    return config is None or getattr(config, "weight_transfer_config", 0) is not None
+
+
 def refused(engine, args, kwargs, wrapped):
     """The validation error for a call that cannot run, or None."""
     problem = rpc_problem(argument(wrapped, args, kwargs, "method"),
                           argument(wrapped, args, kwargs, "args"),
                           argument(wrapped, args, kwargs, "kwargs"),
                           argument(wrapped, args, kwargs, "timeout"),
-                          worker_classes(engine))
+                          worker_classes(engine), has_weight_transfer(engine))
     if problem is None:
         return None
     from vllm.exceptions import VLLMValidationError
