@@ -280,3 +280,9 @@ def test_gumbel_argmax_draws_from_the_softmax_and_repeats_per_seed():
     assert (freq - want).abs().max() < 0.03, (freq, want)
     assert torch.equal(ck.gumbel_argmax(logits[:50], seeds[:50]), draws[:50])
     assert not torch.equal(ck.gumbel_argmax(logits[:50], seeds[:50] + 1), draws[:50])
+
+
+def test_greedy_argmax_is_each_rows_first_largest_id():
+    logits = torch.tensor([[0.0, 2.0, 2.0, -1.0], [5.0, float("-inf"), 1.0, 4.0]])
+    assert ck.greedy_argmax(logits).tolist() == [1, 0]
+    assert ck.greedy_argmax(logits).dtype == torch.int64

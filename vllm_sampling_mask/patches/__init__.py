@@ -378,7 +378,9 @@ _RECORDS = (
           ("cpu_op_reshape_and_cache", "{cpu_ops}", "cpu_attn_reshape_and_cache", "", {}),
           ("cpu_op_attention", "{cpu_ops}", "cpu_attention_with_kv_cache", "", {}),
           ("cpu_op_gumbel_argmax", TOPK, "fused_gumbel_argmax",
-           " (the V1 runner's CPU sampler)", {"since": "0.32.0", "until": NO_V1}))),
+           " (the V1 runner's CPU sampler)", {"since": "0.32.0", "until": NO_V1}),
+          ("cpu_op_greedy_argmax", "vllm.v1.sample.sampler", "greedy_argmax",
+           " (the V1 runner's greedy rows)", {"since": "0.32.0", "until": NO_V1}))),
     # -- the feature: the engine flag and the request's decision ----------------
     Patch("model_config", ("vllm.config.model",), ANY, F, MASK_PR,
           "upstream has a per-request mask with a size limit (then its fields).",

