@@ -8,7 +8,7 @@ from here:
   it has (its own sampling mask, the generate route's `n > 1` bugs, ...). Each
   profile is the previous one plus what changed (`_after`), so a new release is one
   `_after(...)` line with the real differences the seam report lists;
-- patch records (`patches.REGISTRY`) and seam entries (`seams.SEAMS`) hold over a
+- patch records (`patches.REGISTRY`) and their seam entries (`Patch.seams`) hold over a
   span of this order, `since` a release (inclusive) and `until` the release that
   changed them (exclusive), both open-ended by default, so a record or an entry
   carries over to a release added after it unless the seam report says otherwise;

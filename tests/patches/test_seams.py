@@ -1,6 +1,6 @@
 """The seam contract: what each patch relies on in the installed vLLM (and Triton 3.9).
 
-The contract itself is data in `vllm_sampling_mask/patches/seams.py` (keyed by patch, each entry
+The contract itself is data in each patch's record (`Patch.seams` in `patches.REGISTRY`, each entry
 naming the vLLM versions it applies to): for every patch, the upstream functions it wraps
 with their parameter names (the wrappers read arguments by position or name), and the
 attributes, fields and names it reads or replaces. Here every entry that applies to the
