@@ -18,6 +18,7 @@ import inspect
 from importlib import metadata
 
 import pytest
+from releases_facts import installed
 
 from vllm_sampling_mask import SUPPORTED_VLLM
 from vllm_sampling_mask.patches import apply as patching
@@ -108,7 +109,8 @@ def test_versions_the_patches_were_written_against():
     import triton
     import vllm
     assert vllm.__version__.split("+")[0] in SUPPORTED_VLLM, "every seam: vLLM moved"
-    # the Triton the release's torch brings (`Release.triton`: 3.9, 0.24's 3.6)
-    wanted = patching.upstream_release().triton
+    # the Triton the release's torch brings (`releases_facts`' `triton`: 3.9, 0.24's
+    # 3.6, 0.33's 3.8)
+    wanted = installed().triton
     assert triton.__version__.startswith(wanted + "."), (
         f"interpreter patches: written for Triton {wanted}, found {triton.__version__}")

@@ -16,6 +16,7 @@ import types
 import pytest
 import requests
 from conftest import assert_supports_match_reference, free_port, host_env, server_runner
+from releases_facts import facts
 from rl_http import TOKENS, Stream, body, no_state_left, post
 from test_speculative import K, V1_CANNOT
 
@@ -26,11 +27,11 @@ from vllm_sampling_mask.patches.apply import upstream_release
 @pytest.fixture(scope="module")
 def spec_server(tmp_path_factory):
     release, runner = upstream_release(), server_runner()
-    if runner == "v1" and not release.v1_cpu_speculation:
+    if runner == "v1" and not facts(release).v1_cpu_speculation:
         pytest.skip(V1_CANNOT)
-    if runner == "mrv2" and "ngram" not in release.mrv2_speculators:
+    if runner == "mrv2" and "ngram" not in facts(release).mrv2_speculators:
         pytest.skip(f"vLLM {release.version}'s Model Runner V2 does not run n-gram "
-                    "speculation (Release.mrv2_speculators)")
+                    "speculation (releases_facts' mrv2_speculators)")
     from vllm_sampling_mask.tools.demo import serving
     spec = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3,
             "prompt_lookup_min": 1}
