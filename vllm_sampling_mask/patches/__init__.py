@@ -751,7 +751,7 @@ _RECORDS = (
                   "(MRv2's n-gram speculator builds one the interpreter types int64)"),
           seams=(
               # Triton 3.6 (0.24's torch), then 3.9, then 3.8 (0.33's torch 2.14) with 3.6's
-              # parameters (`Release.triton`)
+              # parameters (`triton` in tests/releases_facts.py)
               _f("triton.runtime.interpreter", "InterpreterBuilder.create_masked_load", "self",
                  "ptrs", "mask", "other", "cache_modifier", "eviction_policy", "is_volatile",
                  until="0.27.1"),
