@@ -18,7 +18,7 @@ masks on, float32): bounded to a few seconds of calls.
 The abort and weight-transfer routes' cases here (a `request_ids` that is no list of
 strings, unknown body fields, a server without a weight-transfer backend) were 500s
 or 200s upstream (`rl_route_bodies`, `abort_request_ids`; tests/http/test_rl_route_bodies.py
-has them on every release).
+and tests/patches/fixes/test_fix_abort_request_ids.py have them on every release).
 """
 
 from __future__ import annotations

@@ -252,37 +252,3 @@ def test_min_p_and_logit_bias_never_reach_a_verify_step(llm):
     out, = llm.generate(PROMPTS[:1], SamplingParams(temperature=0.8, top_k=20, max_tokens=4),
                         use_tqdm=False)    # the engine keeps serving
     assert len(out.outputs[0].sampling_mask) == 4
-
-
-# -- the two upstream fixes the verify step needs on a CPU host, in this process --
-
-@pytest.mark.release_tier
-def test_fix_expand_spreads_each_requests_setting_over_its_drafts():
-    """`cpu_verify_expand`: per-request values reach every draft position (upstream's
-    CPU override left them uninitialised), with `replace_from` turned into `replace_to`."""
-    skip_without_v1_runner()   # (V1's rejection sampler)
-    import torch
-    from vllm.v1.sample import rejection_sampler
-
-    cu = torch.tensor([2, 5, 6], dtype=torch.int32)
-    top_k = rejection_sampler.expand_batch_to_tokens(torch.tensor([5, 7, 9], dtype=torch.int32),
-                                                     cu, 6)
-    assert top_k.tolist() == [5, 5, 7, 7, 7, 9] and top_k.dtype == torch.int32
-    temperature = rejection_sampler.expand_batch_to_tokens(
-        torch.tensor([0.5, 0.0, 1.5]), cu, 6, replace_from=0, replace_to=1)
-    assert temperature.tolist() == [0.5, 0.5, 1.0, 1.0, 1.0, 1.5]
-
-
-@pytest.mark.release_tier
-def test_fix_a_verify_step_without_drafts_leaves_the_logits_alone():
-    """`verify_without_drafts`: no draft row, no top-k over an empty batch."""
-    skip_without_v1_runner()   # (V1's rejection sampler)
-    import types
-
-    import torch
-    from vllm.v1.sample import rejection_sampler
-
-    empty = torch.empty(0, 16)
-    out = rejection_sampler.apply_sampling_constraints(
-        empty, torch.zeros(2, dtype=torch.int32), types.SimpleNamespace(all_greedy=False))
-    assert out is empty

