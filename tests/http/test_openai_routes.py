@@ -163,7 +163,10 @@ def test_bad_requests_get_400_naming_the_parameter_streamed_or_not(
     assert_healthy(server)
 
 
-MASK_TOO_WIDE = dict(temperature=1.0, min_p=0.005, max_tokens=16, seed=0)
+# narrow at first, too wide at some later step: which step depends on the sampled path
+# (the same seed draws other tokens where the release's CPU sampler draws its noise
+# otherwise: 0.33's `cpu_op_gumbel_argmax`), so the request runs long enough for one
+MASK_TOO_WIDE = dict(temperature=1.0, min_p=0.005, max_tokens=64, ignore_eos=True, seed=0)
 # wide from the first step on (the demo model keeps hundreds of ids at this min_p and
 # temperature, whatever the sampled path): the size limit trips on every release
 MASK_WIDE_AT_ONCE = dict(temperature=1.5, min_p=0.002, max_tokens=16, seed=0)
@@ -204,9 +207,12 @@ def test_a_mask_error_mid_stream_is_an_error_event_with_its_message(client, serv
     assert error["error"]["code"] == 400
     assert f"--max-sampling-mask-size {LIMIT}" in error["error"]["message"]
     # the `openai` client raises it, with the message, after the chunks before it
+    w = MASK_TOO_WIDE
     stream = client.completions.create(
-        model=DEMO_MODEL, prompt="def main():\n", stream=True, temperature=1.0,
-        max_tokens=16, seed=0, extra_body={"min_p": 0.005, "return_sampling_mask": True})
+        model=DEMO_MODEL, prompt="def main():\n", stream=True, temperature=w["temperature"],
+        max_tokens=w["max_tokens"], seed=w["seed"],
+        extra_body={"min_p": w["min_p"], "ignore_eos": w["ignore_eos"],
+                    "return_sampling_mask": True})
     received = []
     with pytest.raises(openai.APIError, match=f"--max-sampling-mask-size {LIMIT}"):
         for chunk in stream:
