@@ -126,3 +126,23 @@ def test_readme_main_job_runs_as_printed(prefix, tmp_path):
     with open(log) as f:
         text = f.read()
     assert "Traceback" not in text and "EngineDeadError:" not in text, text[-3000:]
+
+
+def test_readme_names_the_supported_releases():
+    """The first page's range is `releases.SUPPORTED`: runs of consecutive minor
+    releases, "A and B to C" (a release added or dropped in `releases.py` fails here
+    until the README says it)."""
+    from vllm_sampling_mask.releases import SUPPORTED
+
+    runs: list[list[str]] = []
+    for version in SUPPORTED:
+        minor = int(version.split(".")[1])
+        if runs and int(runs[-1][-1].split(".")[1]) + 1 == minor:
+            runs[-1].append(version)
+        else:
+            runs.append([version])
+    spans = [run[0] if len(run) == 1 else f"{run[0]} to {run[-1]}" for run in runs]
+    named = ", ".join(spans[:-1]) + " and " + spans[-1] if len(spans) > 1 else spans[0]
+    with open(os.path.join(ROOT, "README.md")) as f:
+        first_page = " ".join(f.read().split())
+    assert f"vLLM {named}," in first_page
