@@ -401,7 +401,7 @@ RELEASE_TIER = (
     'tests/http/test_server_without_masks.py::test_n_choices_come_back_streamed_or_not[[]asked-off-*',
     'tests/llm/test_speculative.py::*[[]v1-draft_model[]]',
     'tests/llm/test_speculative.py::test_every_emitted_token_has_the_target_support_at_its_position[[]mrv2-draft_model[]]',
-    'tests/llm/test_weight_update_failures_llm.py::*[[]v1*',
+    'tests/llm/test_fix_collective_rpc_refusals_sync.py::*[[]v1*',
 )
 
 
@@ -450,6 +450,7 @@ MASK_SERVER_MODULES = frozenset((
     "tests/patches/fixes/test_fix_abort_request_ids.py",
     "tests/patches/fixes/test_fix_rpc_refusal_log.py",
     "tests/patches/fixes/test_fix_rpc_route_body.py",
+    "tests/patches/fixes/test_fix_collective_rpc_refusals.py",
     "tests/http/test_top_k_at_the_vocabulary.py",
     "tests/http/test_models_dtype.py",
     "tests/http/test_requests_without_a_mask_over_http.py",

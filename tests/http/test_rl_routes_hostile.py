@@ -19,6 +19,8 @@ The abort and weight-transfer routes' cases here (a `request_ids` that is no lis
 strings, unknown body fields, a server without a weight-transfer backend) were 500s
 or 200s upstream (`rl_route_bodies`, `abort_request_ids`; tests/http/test_rl_route_bodies.py
 and tests/patches/fixes/test_fix_abort_request_ids.py have them on every release).
+`rpc_check`'s type checks alone (no engine) are in
+tests/patches/fixes/test_fix_collective_rpc_refusals.py.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ from conftest import free_port, hf_logits, host_env, reference_support, server_r
 
 from vllm_sampling_mask import DEMO_MODEL
 from vllm_sampling_mask.tools.demo import serving
-from vllm_sampling_mask.http.rpc_check import rpc_problem
 
 SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95}
 PROMPT = [1, 412, 1290, 87, 2043, 615, 33, 1800]
@@ -128,39 +129,6 @@ def assert_refused_cleanly(r: requests.Response, what) -> None:
     assert 400 <= r.status_code < 500, (what, r.status_code, r.text[:300])
     assert "Traceback" not in r.text and 'File "' not in r.text, (what, r.text[:300])
     json.loads(r.text)
-
-
-@pytest.mark.release_tier
-def test_the_type_checks_alone():
-    """`rpc_check` without classes (the release tier's slice): types only."""
-    assert rpc_problem("reload_weights", (), {"weights_path": "/x"}, None) is None
-    assert rpc_problem(lambda worker: 1, (), {}, None) is None       # in-process callers
-    for call, parameter in (((5, (), {}, None), "method"), (("_x", (), {}, None), "method"),
-                            (("m", 5, {}, None), "args"), (("m", (), "x", None), "kwargs"),
-                            (("m", (), {1: 2}, None), "kwargs"),
-                            (("m", (), {}, -1), "timeout"), (("m", (), {}, True), "timeout"),
-                            (("m", (), {}, float("nan")), "timeout")):
-        assert rpc_problem(*call)[0] == parameter, call
-
-    class Worker:
-        level = 1
-
-        def reload_weights(self, *args, **kwargs):
-            pass
-
-        def sleep(self, level: int = 1):
-            pass
-    assert rpc_problem("nope", (), {}, None, (Worker,))[0] == "method"
-    assert rpc_problem("level", (), {}, None, (Worker,))[0] == "method"
-    assert rpc_problem("sleep", (1, 2), {}, None, (Worker,))[0] == "args"
-    assert rpc_problem("sleep", (), {"lvl": 1}, None, (Worker,))[0] == "kwargs"
-    assert rpc_problem("sleep", (2,), {}, None, (Worker,)) is None
-    assert rpc_problem("reload_weights", (1, 2, 3), {"x": 1}, None, (Worker,)) is None
-    # a weight-transfer method without a backend names the option; with one, it runs
-    parameter, message = rpc_problem("start_weight_update", (), {}, None, None, False)
-    assert parameter == "weight_transfer_config" and "--weight-transfer-config" in message
-    assert rpc_problem("start_weight_update", (), {}, None, None, True) is None
-    assert rpc_problem("reload_weights", (), {}, None, None, False) is None
 
 
 def test_bad_input_is_refused_with_a_4xx_and_the_server_serves_on(server):

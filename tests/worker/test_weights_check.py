@@ -1,7 +1,7 @@
 """`worker.weights_check.compare`: a checkpoint whose tensors are not the served
 model's is refused before any weight is loaded, with a sentence naming the first
 offending tensor and the fix (the reload route turns it into a 400:
-tests/server/test_weight_update_failures.py)."""
+tests/server/test_fix_reload_weights_recovery.py)."""
 
 import pytest
 

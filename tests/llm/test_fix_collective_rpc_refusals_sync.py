@@ -1,5 +1,7 @@
-"""A failed weight reload through `LLM.collective_rpc("reload_weights", ...)` loses
-nothing (`reload_weights_recovery`, `collective_rpc_refusals_sync`): the engine core
+"""The fix `collective_rpc_refusals_sync`: a failed weight reload through
+`LLM.collective_rpc("reload_weights", ...)` raises the overlay's own errors, a refusal
+a `ValueError` with its one line, and loses nothing (`reload_weights_recovery`, whose
+file over HTTP is tests/server/test_fix_reload_weights_recovery.py): the engine core
 and worker in their own processes, as `LLM` runs them by default (masks on,
 float32), on both runners (Model Runner V2 through Triton's interpreter, marked
 `mrv2`).
@@ -19,7 +21,7 @@ import os
 
 import pytest
 from conftest import ENGINE_KWARGS, engine_on
-from test_weight_update_failures import BAD, FILE, PROMPT, SAMPLING
+from test_fix_reload_weights_recovery import BAD, FILE, PROMPT, SAMPLING
 
 from vllm_sampling_mask import DEMO_MODEL
 from vllm_sampling_mask.tools.demo import perturbed_draft

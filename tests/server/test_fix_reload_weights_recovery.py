@@ -1,7 +1,7 @@
-"""A weight reload that fails loses nothing (`reload_weights_recovery`,
-`collective_rpc_refusals`), through `POST /collective_rpc` `reload_weights` on a dev-mode
-server of the demo model (the release's runner: V1 natively, Model Runner V2 where the
-release has no V1 runner; masks on, float32).
+"""The fix `reload_weights_recovery`: a weight reload that fails loses nothing (its
+refusals HTTP 400s through `collective_rpc_refusals`), through `POST /collective_rpc`
+`reload_weights` on a dev-mode server of the demo model (the release's runner: V1
+natively, Model Runner V2 where the release has no V1 runner; masks on, float32).
 
 Each bad checkpoint below is answered with one clear error naming the cause (HTTP
 400 for the caller's checkpoint, no traceback in the body): a path that does not
