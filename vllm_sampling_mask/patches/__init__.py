@@ -416,26 +416,27 @@ _RECORDS = (
            "support logprobs; from 0.28 this extraction replaces upstream's (its flag "
            "is kept off)."),
           change=("MRv2: `Sampler.sampling_mask` (the state); per-slot decision in "
-                  "`add_request`; the step planned in `__call__` (its partial-prefill "
-                  "rows from host arrays); extract into the step in `sample`; support "
+                  "`add_request`; extract into the step in `sample`; a verify step's "
+                  "processed logits handed to it from `apply_sampling_params`; support "
                   "logprobs (capture handed to `sampling_states.apply_min_p`)")),
     Patch("rejection_sampler", (f"{GPU}.spec_decode.rejection_sampler",), WORKER, F,
           "vLLM #54166 (masks from Model Runner V2's rejection sampler, 0.32)",
           "upstream's rejection-sampler mask takes per-request decisions, the size limit "
           "and support logprobs; from 0.32 this replaces it (its flag is kept off)",
-          change=("MRv2 under speculative decoding: the step planned from the input "
-                  "batch, per position (`plan.per_token`); every position's processed "
-                  "logits kept from the sampler's `apply_sampling_params` (shadowed "
-                  "for the call, per chunk, each chunk's capture at `apply_min_p`), "
-                  "in logit-row order for one extraction")),
+          change=("MRv2 under speculative decoding: the runner's plan per position "
+                  "(`plan.per_token`); the step takes every position's processed "
+                  "logits from the sampler's `apply_sampling_params` (handed per "
+                  "chunk by the `sampler` patch, each chunk's capture at "
+                  "`apply_min_p`), in logit-row order for one extraction")),
     Patch("runner", (f"{GPU}.model_runner",), WORKER, F, MASK_PR,
           ("upstream's Model Runner V2 mask (vLLM #49577, since 0.28) carries the "
            "per-request switch, the size limit and the support logprobs; from 0.28 "
            "the overlay's state replaces upstream's (its flag is kept off)."),
           after=("interpreter_dummy_run",),
           change=("MRv2: build the state; profiling run inside `state.profiling()`; "
-                  "the step open around `sample_tokens`; start the mask copy after "
-                  "`sample`, hand it to the `AsyncOutput`")),
+                  "the step open around `sample_tokens`, planned in `sample` from the "
+                  "input batch (its partial-prefill rows from host arrays); start the "
+                  "mask copy after `sample`, hand it to the `AsyncOutput`")),
     Patch("async_output", (f"{GPU}.async_utils",), WORKER, F, MASK_PR,
           ("upstream's asynchronous output (vLLM #49577, since 0.28) copies a "
            "compacted block as the overlay's does (0.28-0.29 copy a full bitmap per "
@@ -451,16 +452,17 @@ _RECORDS = (
     Patch("sampler_v1", ("vllm.v1.sample.sampler",), WORKER, F,
           NONE_KNOWN + "vLLM #49577 returns the support from Model Runner V2 only",
           "upstream's V1 sampler returns the support", until=NO_V1,
-          change=("V1: extract the support from the processed logprobs into the step; "
+          change=("V1: extract the support from the processed logprobs into the step "
+                  "(a verify step's bonus positions: handed to it as their part); "
                   "support logprobs (capture handed to `apply_temperature`)")),
     Patch("rejection_sampler_v1", (REJECTION,), WORKER, F,
           NONE_KNOWN + "vLLM #54166 returns the support of verify steps from Model "
           "Runner V2's rejection sampler only",
           "upstream's V1 rejection sampler returns the support", until=NO_V1,
           change=("V1 under speculative decoding: the step planned per position "
-                  "(`plan.per_token`), the bonus positions' processed logprobs kept "
-                  "from the plain sampler's call (a step of their own, `plan.part`) "
-                  "and the draft positions' from `apply_top_k_top_p`, assembled in "
+                  "(`plan.per_token`), taking its processed logits in two parts: the "
+                  "bonus positions' from the plain sampler's adapter, the draft "
+                  "positions' from a wrapper of `apply_top_k_top_p`; assembled in "
                   "logit-row order for one extraction; support-logprob captures "
                   "merged")),
     Patch("runner_v1", (V1_RUNNER,), WORKER, F,

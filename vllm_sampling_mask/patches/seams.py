@@ -515,7 +515,18 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "expanded_idx_mapping", "idx_mapping", "idx_mapping_np", "pos", "input_ids",
            "expanded_local_pos", "seq_lens_upper_bound_np", "return_logprobs",
            since=R31),
-        _f(f"{GPU}.sample.sampler", "Sampler.__call__", "self", "logits", "input_batch"),
+        # a verify step's processed logits: each call's result handed to the step
+        # (the rejection sampler processes every position with it)
+        _f(f"{GPU}.sample.sampler", "Sampler.apply_sampling_params", "self", "logits",
+           "expanded_idx_mapping", "idx_mapping_np", "pos", "input_ids",
+           "expanded_local_pos", "skip_top_k_top_p", until=R28),
+        _f(f"{GPU}.sample.sampler", "Sampler.apply_sampling_params", "self", "logits",
+           "expanded_idx_mapping", "idx_mapping", "idx_mapping_np", "pos", "input_ids",
+           "expanded_local_pos", "skip_top_k_top_p", since=R28, until=R31),
+        _f(f"{GPU}.sample.sampler", "Sampler.apply_sampling_params", "self", "logits",
+           "expanded_idx_mapping", "idx_mapping", "idx_mapping_np", "pos", "input_ids",
+           "expanded_local_pos", "seq_lens_upper_bound_np", "skip_top_k_top_p",
+           since=R31),
         _s(f"{GPU}.sample.sampler", "Sampler.__init__", "self.sampling_states",
            "self.use_flashinfer"),
         _s(f"{GPU}.sample.states", "SamplingStates.__init__", "self.top_k",
@@ -525,18 +536,6 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "expanded_idx_mapping", "idx_mapping_np"),
         _s(f"{GPU}.sample.sampler", "Sampler.apply_sampling_params",
            "self.sampling_states.apply_temperature(", "self.sampling_states.apply_min_p("),
-        # the rows that sample nothing (partial prefill chunks), not extracted: the
-        # host mirror of upstream's rule (seq_len < prefill_len of the row's slot)
-        _d(f"{GPU}.input_batch", "InputBatch", "idx_mapping_np", "seq_lens_cpu_upper_bound"),
-        _s(f"{GPU}.sample.sampler", "Sampler.__init__", "self.req_states = req_states"),
-        _s(f"{GPU}.sample.sampler", "Sampler.__call__", "get_num_sampled_and_rejected(",
-           "input_batch.seq_lens,", "self.req_states.prefill_len.gpu"),
-        _n(f"{GPU}.input_batch", "_get_num_sampled_and_rejected_kernel"),
-        _s(f"{GPU}.states", "RequestState.__init__", "self.prefill_len = UvaBackedTensor("),
-        _s(f"{GPU}.model_runner", "GPUModelRunner.prepare_inputs",
-           "num_computed_tokens_np = self.req_states.num_computed_tokens_np[idx_mapping_np]",
-           "out=seq_lens_cpu_upper_bound_np[:num_reqs]",
-           "seq_lens_cpu_upper_bound=seq_lens_cpu_upper_bound"),
     ),
     "runner": (
         _f(f"{GPU}.model_runner", "GPUModelRunner.load_model", "self",
@@ -551,6 +550,23 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _f(f"{GPU}.model_runner", "GPUModelRunner.sample_tokens", "self", "grammar_output"),
         # the step is open around `sample_tokens`, which samples through `sample`
         _s(f"{GPU}.model_runner", "GPUModelRunner.sample_tokens", "self.sample("),
+        # `sample` plans the step from its input batch, the one the sampler or the
+        # rejection sampler gets (batch-sharded sampling, which shards it, is refused)
+        _s(f"{GPU}.model_runner", "GPUModelRunner.sample", "self.sampler(logits, input_batch)",
+           "self.rejection_sampler("),
+        _s(f"{GPU}.sample.states", "SamplingStates.__init__", "self.top_k"),
+        # the rows that sample nothing (partial prefill chunks), not extracted: the
+        # host mirror of upstream's rule (seq_len < prefill_len of the row's slot)
+        _d(f"{GPU}.input_batch", "InputBatch", "idx_mapping_np", "seq_lens_cpu_upper_bound"),
+        _s(f"{GPU}.sample.sampler", "Sampler.__init__", "self.req_states = req_states"),
+        _s(f"{GPU}.sample.sampler", "Sampler.__call__", "get_num_sampled_and_rejected(",
+           "input_batch.seq_lens,", "self.req_states.prefill_len.gpu"),
+        _n(f"{GPU}.input_batch", "_get_num_sampled_and_rejected_kernel"),
+        _s(f"{GPU}.states", "RequestState.__init__", "self.prefill_len = UvaBackedTensor("),
+        _s(f"{GPU}.model_runner", "GPUModelRunner.prepare_inputs",
+           "num_computed_tokens_np = self.req_states.num_computed_tokens_np[idx_mapping_np]",
+           "out=seq_lens_cpu_upper_bound_np[:num_reqs]",
+           "seq_lens_cpu_upper_bound=seq_lens_cpu_upper_bound"),
         _s(f"{GPU}.model_runner", "GPUModelRunner.load_model", "self.sampler = Sampler("),
         *_OUTPUT_RANK,
     ),
@@ -603,7 +619,8 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
         _f(f"{GPU}.spec_decode.rejection_sampler", "RejectionSampler.__call__", "self",
            "logits", "input_batch", "draft_logits", since=R34),
         # every position's processed logits come from the sampler's own processing
-        # (shadowed on the instance), rows per request from the host cumsum
+        # (handed to the step by the `sampler` patch's wrapper), rows per request
+        # from the host cumsum
         _s(f"{GPU}.spec_decode.rejection_sampler", "RejectionSampler",
            "self.sampler.apply_sampling_params(", "input_batch.cu_num_logits_np"),
         _s(f"{GPU}.sample.sampler", "Sampler.apply_sampling_params",
@@ -614,11 +631,14 @@ SEAMS: dict[str, tuple[Entry, ...]] = {
            "logits", "sampling_metadata"),
         # the bonus positions go through the plain sampler (`sampler_v1` hands their
         # processed logprobs over); the draft positions' processed logits are what
-        # `apply_top_k_top_p`, a module global, returns inside the constraints
+        # `apply_top_k_top_p`, a module global (wrapped), returns inside the constraints
         _s(REJECTION, "RejectionSampler.forward", "self.sampler(",
            "target_logits = apply_sampling_constraints("),
         _s(REJECTION, "apply_sampling_constraints", "logits.div_(temperature",
            "return apply_top_k_top_p(logits, top_k, top_p)"),
+        _f(REJECTION, "apply_top_k_top_p", "logits", "k", "p", until=R33),
+        _f(REJECTION, "apply_top_k_top_p", "logits", "k", "p", "has_topp_only_rows",
+           since=R33),
         _d("vllm.v1.spec_decode.metadata", "SpecDecodeMetadata", "num_draft_tokens",
            "target_logits_indices", "bonus_logits_indices"),
     ),

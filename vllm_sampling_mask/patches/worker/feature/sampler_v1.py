@@ -10,7 +10,11 @@ What: in `vllm/v1/sample/sampler.py`, declares `Sampler.sampling_mask` (the
     every row at the widest) and extracts the support of the processed logprobs
     it returns (`log_softmax` of the logits it sampled from, after every logits
     processor, custom ones included, penalties, temperature, min-p and
-    top-k/top-p: the same -inf set) into the step (`MaskStep.extract`). For the
+    top-k/top-p: the same -inf set) into the step (`MaskStep.extract`). Inside
+    a verify step (`rejection_sampler_v1`), whose bonus positions the rejection
+    sampler samples through this sampler, it hands those processed logprobs to
+    the step as the bonus part instead (`MaskStep.piece` / `hand`: their rows
+    of the step's plan, their capture); the step extracts once. For the
     rows that asked for support logprobs it hands the step's capture to the
     call that holds the temperature-scaled logits: for the duration of its own
     call, the sampler's `apply_temperature` (a static method upstream calls as
@@ -49,8 +53,9 @@ def apply(module, release: Release) -> None:
         if step is None:
             return wrapped(*args, **kwargs)
         rows = argument(wrapped, args, kwargs, "logits").shape[0]
-        plan = step.planned(HOP, rows)
-        capture = step.capture
+        piece = step.piece(HOP, rows) if step.takes(HOP) else None   # a verify step's bonus rows
+        plan = step.planned(HOP, rows) if piece is None else None
+        capture = step.capture if piece is None else piece.capture
         if capture is None:
             scaling = nullcontext()
         else:   # hand the capture to the call that holds the scaled logits
@@ -60,11 +65,14 @@ def apply(module, release: Release) -> None:
         with scaling:
             sampled, processed_logprobs = wrapped(*args, **kwargs)
         if processed_logprobs is None:   # an all-greedy batch
-            if plan.n_rows:
+            if (piece.plan if plan is None else plan).n_rows:
                 raise MissingSamplingMaskError(
                     HOP, "no processed logprobs were computed for a batch in which "
                     "some request wants a mask")
-            step.mask = no_rows(rows, sampled.device)
+            if piece is None:
+                step.no_mask_rows(HOP, no_rows(rows, sampled.device))
+        elif piece is not None:
+            step.hand(piece, processed_logprobs)
         else:
             step.extract(HOP, processed_logprobs, sampled)
         return sampled, processed_logprobs
