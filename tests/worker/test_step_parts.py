@@ -72,6 +72,7 @@ def test_parts_are_assembled_in_logit_row_order_and_extracted_once(form):
                 step.hand(piece, logits[piece.rows])
                 first += n
         mask = step.extract_parts(HOP)
+        assert not step.takes(BONUS)    # a later call of a part's hop is upstream's
     assert open_step() is None and mask.request_rows.tolist() == [3, 1, 4]
     parts = _host(mask, 8)
     for row in range(8):

@@ -104,6 +104,7 @@ class MaskStep:
         self.mask: DeviceMask | None = None
         self.copy: MaskCopy | StepWithoutMasks | None = None
         self._parts: dict[str, _Part] | None = None
+        self._taking = False    # parts are handed from `in_parts` until the extraction
 
     def _once(self, hop: str, stage: str, value) -> None:
         if value is not None and not self._worst_case:
@@ -158,10 +159,12 @@ class MaskStep:
         index = index or {}
         self._parts = {h: _Part(np.asarray(rows, dtype=np.int64), index.get(h))
                        for h, rows in parts.items()}
+        self._taking = True
 
     def takes(self, hop: str) -> bool:
-        """Whether this step takes a part of its processed logits from `hop`."""
-        return self._parts is not None and hop in self._parts
+        """Whether this step takes a part of its processed logits from `hop` (until
+        it extracted: a later call of that hop in the same step is upstream's)."""
+        return self._taking and hop in self._parts
 
     def piece(self, hop: str, batch_rows: int) -> Piece:
         """The next `batch_rows` rows of `hop`'s part, with their capture."""
@@ -230,6 +233,7 @@ class MaskStep:
         if self.plan is None:
             raise MissingSamplingMaskError(hop, "the step has no plan")
         self._once(hop, "mask", self.mask)
+        self._taking = False
         self.mask = self._extract(self.plan, processed_logits, self.capture, hop=hop,
                                   sampled=sampled)
         return self.mask
