@@ -144,6 +144,11 @@ def test_a_missing_part_or_a_piece_past_its_part_names_its_hop():
 def test_each_stage_is_set_once_except_in_the_profiling_run():
     logits, request, request_rows, plan, bonus, drafts = _verify_case()
     state = SamplingMaskState(4, VOCAB)
+    unasked = plans.plan(np.ones(3, bool), np.zeros(3, bool), np.full(3, 8))
+    with state.step(unasked) as step:   # no row asked: no capture, planned once all the same
+        step.planned("sampler", 3)
+        with pytest.raises(MissingSamplingMaskError, match="at sampler: .*capture was set twice"):
+            step.planned("sampler", 3)
     with state.step(request) as step:
         with pytest.raises(MissingSamplingMaskError, match="at the runner: .*planned twice"):
             step.set_plan("the runner", request)

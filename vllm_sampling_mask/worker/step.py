@@ -105,9 +105,10 @@ class MaskStep:
         self.copy: MaskCopy | StepWithoutMasks | None = None
         self._parts: dict[str, _Part] | None = None
         self._taking = False    # parts are handed from `in_parts` until the extraction
+        self._captured = False  # `planned` made the capture (None where no row asked)
 
-    def _once(self, hop: str, stage: str, value) -> None:
-        if value is not None and not self._worst_case:
+    def _once(self, hop: str, stage: str, done: bool) -> None:
+        if done and not self._worst_case:
             raise MissingSamplingMaskError(hop, f"this step's {stage} was set twice")
 
     # -- plan and capture ---------------------------------------------------
@@ -135,7 +136,8 @@ class MaskStep:
             raise MissingSamplingMaskError(
                 hop, f"the step's plan is for {self.plan.batch_rows} rows, the sampler's "
                 f"batch has {batch_rows}")
-        self._once(hop, "capture", self.capture)
+        self._once(hop, "capture", self._captured)
+        self._captured = True
         rows = self.plan.capture_rows
         self.capture = ScaledCapture(rows) if len(rows) else None
         return self.plan
@@ -151,7 +153,7 @@ class MaskStep:
         the host rows where needed)."""
         if self.plan is None:
             raise MissingSamplingMaskError(hop, "the step has no plan to take in parts")
-        self._once(hop, "parts", self._parts)
+        self._once(hop, "parts", self._parts is not None)
         total = sum(len(rows) for rows in parts.values())
         if total != self.plan.batch_rows:
             raise MissingSamplingMaskError(
@@ -232,7 +234,7 @@ class MaskStep:
         sampler has them, the tokens it drew: `SamplingMaskState.extract`)."""
         if self.plan is None:
             raise MissingSamplingMaskError(hop, "the step has no plan")
-        self._once(hop, "mask", self.mask)
+        self._once(hop, "mask", self.mask is not None)
         self._taking = False
         self.mask = self._extract(self.plan, processed_logits, self.capture, hop=hop,
                                   sampled=sampled)
@@ -240,7 +242,7 @@ class MaskStep:
 
     def no_mask_rows(self, hop: str, mask: DeviceMask) -> None:
         """The step's mask where the plan extracts no row (a mask of idle rows only)."""
-        self._once(hop, "mask", self.mask)
+        self._once(hop, "mask", self.mask is not None)
         self.mask = mask
 
     def result(self, hop: str) -> DeviceMask:
