@@ -62,7 +62,8 @@ def apply(module, release: Release) -> None:
                             request_rows=request_rows)
         is_bonus = np.zeros(plan.batch_rows, dtype=bool)
         is_bonus[np.cumsum(request_rows) - 1] = True
-        step.in_parts(HOP, {BONUS: np.flatnonzero(is_bonus), DRAFTS: np.flatnonzero(~is_bonus)},
+        step.in_parts(HOP, {BONUS: np.flatnonzero(is_bonus),
+                            DRAFTS: np.flatnonzero(~is_bonus)},
                       index={BONUS: metadata.bonus_logits_indices,
                              DRAFTS: metadata.target_logits_indices})
         output = wrapped(*args, **kwargs)

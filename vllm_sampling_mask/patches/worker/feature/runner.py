@@ -25,13 +25,15 @@ What: wraps, in `vllm/v1/worker/gpu/model_runner.py` (the CPU runner inherits
       samples, plans the step, the one place a Model Runner V2 step is planned
       (`SamplingMaskState.plan`: the batch's slots, their host-side top-k, and
       the rows that sample nothing this step, a partial prefill chunk: the host
-      mirror of upstream's own rule in `get_num_sampled_and_rejected`, seq_len <
-      prefill_len, from `InputBatch.seq_lens_cpu_upper_bound` against
-      the sampler's `req_states.prefill_len.np` of the batch's slots, `discarded_rows`; host
-      arrays only, no device sync). The sampler (`sampler`) or, for a verify
-      step, the rejection sampler (`rejection_sampler`) takes that plan and
-      extracts into the step. Once it did, `sample` starts its `transport.MaskCopy` on the output copy stream (after the main
-      stream, into the state's pinned pool on CUDA) into the step. Upstream's
+      mirror of upstream's own rule in `get_num_sampled_and_rejected`, seq_len
+      < prefill_len, from `InputBatch.seq_lens_cpu_upper_bound` against the
+      sampler's `req_states.prefill_len.np` of the batch's slots,
+      `discarded_rows`; host arrays only, no device sync). The sampler
+      (`sampler`) or, for a verify step, the rejection sampler
+      (`rejection_sampler`) takes that plan and extracts into the step. Once
+      it did, `sample` starts its `transport.MaskCopy` on the output copy
+      stream (after the main stream, into the state's pinned pool on CUDA)
+      into the step. Upstream's
       copy event, recorded on that stream by the `AsyncOutput` built next,
       covers it; the copy holds the device block until it is read. A step
       whose plan masks nothing (`StepPlan.masks_nothing`) starts no copy: it

@@ -53,7 +53,8 @@ def apply(module, release: Release) -> None:
         if step is None:
             return wrapped(*args, **kwargs)
         rows = argument(wrapped, args, kwargs, "logits").shape[0]
-        piece = step.piece(HOP, rows) if step.takes(HOP) else None   # a verify step's bonus rows
+        # inside a verify step, this batch is its bonus rows: that part's next piece
+        piece = step.piece(HOP, rows) if step.takes(HOP) else None
         plan = step.planned(HOP, rows) if piece is None else None
         capture = step.capture if piece is None else piece.capture
         if capture is None:
