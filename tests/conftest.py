@@ -446,6 +446,7 @@ MASK_SERVER_MODULES = frozenset((
     "tests/http/test_bad_input.py", "tests/server/test_distributed.py",
     "tests/docs/test_examples.py", "tests/http/test_refusals_name_the_parameter.py",
     "tests/patches/fixes/test_fix_refusal_log.py",
+    "tests/patches/fixes/test_fix_token_id_validation.py",
     "tests/http/test_top_k_at_the_vocabulary.py",
     "tests/http/test_models_dtype.py",
     "tests/http/test_requests_without_a_mask_over_http.py",

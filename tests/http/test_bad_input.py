@@ -6,8 +6,8 @@ the field, never a 5xx; `GET /health` must answer 200 after each. Token ids are
 checked against the model's vocabulary (4096 ids on the demo model) on every route:
 upstream let an id equal to the vocabulary size through and the engine died. A field
 the route does not have on the installed release (`bad_words` on 0.24's
-`/v1/completions`: `Release.completion_bad_words`) is ignored as upstream ignores any
-field it does not know: a 200, the server healthy.
+`/v1/completions`: `releases_facts`' `completion_bad_words`) is ignored as upstream
+ignores any field it does not know: a 200, the server healthy.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import requests
 
 from conftest import CHAT, CMPL, GEN
 from conftest import route_body as body
+from releases_facts import facts
 
 ROUTES = (GEN, CMPL, CHAT)
 V = 4096                       # the demo model's vocabulary
@@ -173,7 +174,7 @@ def sampling_body(route, field, value):
                          ids=[f"{f}={v!r}"[:40] for f, v, _ in SAMPLING])
 def test_bad_sampling_parameters_are_refused(server, route, field, value, mentions):
     r = post(server, route, sampling_body(route, field, value))
-    if route == CMPL and field == "bad_words" and not release().completion_bad_words:
+    if route == CMPL and field == "bad_words" and not facts(release()).completion_bad_words:
         # not a parameter of this route on the release (vLLM #46793 added it after
         # 0.24): ignored as any field the route does not know, the request served
         assert r.status_code == 200, (r.status_code, r.text[:500])
@@ -202,35 +203,3 @@ def beyond_64_bits(value):
                               for r, p, _ in REQUESTS])
 def test_bad_requests_are_refused(server, route, payload, mentions):
     assert_refused(server, post(server, route, payload), mentions=mentions)
-
-
-def test_token_id_messages_name_parameter_value_and_range(server):
-    """The one message a new user hits first, in full, on each route."""
-    r = post(server, GEN, body(GEN, token_ids=[5, V]))
-    assert r.status_code == 400
-    assert r.json()["error"]["param"] == "prompt_token_ids"
-    message = r.json()["error"]["message"]
-    assert "token id 4096 (position 1 of 2) is outside this model's vocabulary" in message
-    assert "[0, 4095] (vocabulary size 4096)" in message
-    r = post(server, CHAT, body(CHAT, {"allowed_token_ids": [7, V]}))
-    assert r.status_code == 400 and r.json()["error"]["param"] == "allowed_token_ids"
-    assert r.json()["error"]["message"].startswith(
-        "allowed_token_ids: token id 4096 (position 1 of 2) is outside")
-
-
-def test_ids_at_the_edges_of_the_vocabulary_still_generate(server):
-    """The checks refuse exactly the ids the model has no row for."""
-    r = post(server, GEN, body(GEN, {"allowed_token_ids": [0, V - 1],
-                                     "logit_bias": {"0": 1.0, str(V - 1): -1.0}},
-                               token_ids=[0, V - 1]))
-    assert r.status_code == 200, r.text
-    assert set(r.json()["choices"][0]["token_ids"]) <= {0, V - 1}
-    r = post(server, GEN, body(GEN, {"stop_token_ids": [0, V - 1], "min_tokens": 1}))
-    assert r.status_code == 200, r.text
-    r = post(server, CMPL, body(CMPL, {"stop_token_ids": [V - 1], "min_tokens": 1},
-                                prompt=[[0], [V - 1]]))
-    assert r.status_code == 200, r.text
-    assert len(r.json()["choices"]) == 2
-    r = post(server, CHAT, body(CHAT, {"logit_bias": {str(V - 1): 100}, "min_tokens": 2,
-                                       "stop_token_ids": [V - 1]}))
-    assert r.status_code == 200, r.text

@@ -1,8 +1,10 @@
-"""A full (not streamed) response's masks without a server (`patches._http.
-full_response_with_masks`): each choice gets its final output's mask in the request's
-format, and upstream's own response builder, which reads `output.sampling_mask`
-where it declares the field (the generate route, 0.28-0.32), sees none to turn into
-lists. (The routes end to end: tests/http/test_generate_route.py, tests/http/test_openai_routes.py,
+"""A full (not streamed) response's masks without a server (`patches.http.
+_full_response`: `fill_masks`, the three routes' one path, with the finals recorded
+from a result generator, chat's and generate's, or from completions' batch): each
+choice gets its final output's mask in the request's format, and upstream's own
+response builder, which reads `output.sampling_mask` where it declares the field (the
+generate route, 0.28-0.32), sees none to turn into lists. (The routes end to end:
+tests/http/test_generate_route.py, tests/http/test_openai_routes.py,
 tests/http/test_packed_format.py.)"""
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import numpy as np
 import pytest
 
 from vllm_sampling_mask.errors import SamplingMaskGenerationError
-from vllm_sampling_mask.patches.http._full_response import MaskedBody, full_response_with_masks, mask_payload
+from vllm_sampling_mask.patches.http._full_response import (MaskedBody, batch_finals, fill_masks,
+                                                             full_response_with_masks, mask_payload)
 from vllm_sampling_mask.frontend.sampling_mask import SamplingMask
 
 pytestmark = pytest.mark.release_tier  # CI runs it on every release
@@ -75,6 +78,44 @@ def test_each_choice_gets_its_final_mask_and_upstream_sees_none(packed):
 def test_a_mask_error_raises_before_upstream_builds_anything():
     with pytest.raises(SamplingMaskGenerationError, match="wider than"):
         respond([[output(0, error="sampling mask: wider than --max-sampling-mask-size 8")]])
+
+
+def _prompts(*outputs):
+    """Completions' `final_res_batch`: one final `RequestOutput` per prompt."""
+    return [SimpleNamespace(outputs=list(o)) for o in outputs]
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_completions_choices_are_filled_prompt_by_prompt_in_order(packed):
+    """Two prompts, n = 2: upstream numbers the choices 0..3 over the prompts in
+    order, each prompt's outputs indexed 0, 1; every choice gets its own prompt's
+    mask, through the one fill every route uses."""
+    masks = [SamplingMask.from_lists([[i, 10 + i]]) for i in range(4)]
+    finals = batch_finals(_prompts([output(0, masks[0]), output(1, masks[1])],
+                                   [output(0, masks[2]), output(1, masks[3])]))
+    response = Response(choices=[SimpleNamespace(index=i, sampling_mask=None)
+                                 for i in range(4)])
+    request = SimpleNamespace(sampling_mask_format="packed" if packed else "lists")
+    assert fill_masks(response, finals, request) is response
+    assert [c.sampling_mask for c in response.choices] == \
+        [m.to_packed() if packed else m.token_ids for m in masks]
+
+
+def test_a_mask_error_of_any_prompt_raises_before_upstream_reads_the_batch():
+    batch = _prompts([output(0, SamplingMask.from_lists([[1]]))],
+                     [output(0, error="sampling mask: wider than --max-sampling-mask-size 8")])
+    with pytest.raises(SamplingMaskGenerationError, match="wider than"):
+        batch_finals(batch)
+
+
+def test_fill_masks_raises_a_mask_error_before_filling_any_choice():
+    response = Response(choices=[SimpleNamespace(index=i, sampling_mask=None)
+                                 for i in range(2)])
+    finals = {0: output(0, SamplingMask.from_lists([[1]])),
+              1: output(1, error="sampling mask: wider than --max-sampling-mask-size 8")}
+    with pytest.raises(SamplingMaskGenerationError, match="wider than"):
+        fill_masks(response, finals, SimpleNamespace(sampling_mask_format="lists"))
+    assert [c.sampling_mask for c in response.choices] == [None, None]
 
 
 def _lists_response(choices: int, seed: int = 0):

@@ -111,6 +111,26 @@ def test_streamed_chunks_carry_their_tokens_masks_and_join_to_the_full_result(
         assert joined.token_ids == want.sampling_mask
 
 
+def test_several_prompts_with_n2_each_choice_gets_its_own_prompts_mask(client):
+    """Completions numbers the choices of all prompts in order (prompt by prompt,
+    n each): every full choice's mask is that choice's, the one its stream carries
+    under the same index, and the two prompts' masks differ."""
+    request = dict(model=DEMO_MODEL, prompt=[PROMPT, "def main():\n"], n=2, seed=1,
+                   temperature=0.8, max_tokens=8,
+                   extra_body={"top_k": 20, "return_token_ids": True})
+    full = client.completions.create(**request)
+    chunks = list(client.completions.create(stream=True, **request))
+    assert [c.index for c in full.choices] == [0, 1, 2, 3]
+    for want in full.choices:
+        assert len(want.sampling_mask) == len(want.token_ids) >= 1
+        assert all(t in s for t, s in zip(want.token_ids, want.sampling_mask))
+        streamed = [c for chunk in chunks for c in chunk.choices if c.index == want.index]
+        assert [t for c in streamed for t in field(c, "token_ids") or []] == want.token_ids
+        assert SamplingMask.from_response(chunks, index=want.index).token_ids == \
+            want.sampling_mask
+    assert full.choices[0].sampling_mask[0] != full.choices[2].sampling_mask[0]
+
+
 @pytest.mark.parametrize("route", ROUTES)
 def test_the_per_request_field_reaches_the_engine(client, route):
     base = dict(temperature=0.8, top_k=20, max_tokens=4, seed=2)

@@ -1,5 +1,6 @@
 """Hostile input on vLLM's RL routes (dev mode), against one server of the demo model
-(V1 runner, masks on, float32): bounded to a few seconds of calls.
+(the release's runner: V1 natively, Model Runner V2 where the release has no V1 runner;
+masks on, float32): bounded to a few seconds of calls.
 
 - Bad input, each on its own: malformed JSON, wrong types, unknown or private
   `collective_rpc` methods, arguments that do not fit, bad checkpoints, bad query
@@ -32,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from conftest import free_port, hf_logits, reference_support
+from conftest import free_port, hf_logits, host_env, reference_support, server_runner
 
 from vllm_sampling_mask import DEMO_MODEL
 from vllm_sampling_mask.tools.demo import serving
@@ -58,8 +59,8 @@ def truncated(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve-hostile") / "vllm-serve.log"
-    with serving(free_port(), str(log), runner="v1",
-                 env={"VLLM_SERVER_DEV_MODE": "1"}) as base:
+    with serving(free_port(), str(log), runner=server_runner(),
+                 env={"VLLM_SERVER_DEV_MODE": "1", **host_env()}) as base:
         yield base
 
 

@@ -39,13 +39,13 @@ import torch
 from conftest import assert_supports_match_reference, check_alignment, native_v1
 from vllm import LLM, SamplingParams
 
-from vllm_sampling_mask.patches.apply import upstream_release  # noqa: E402
+from releases_facts import installed  # noqa: E402
 
-if not torch.cuda.is_available() and not upstream_release().cpu_moe_runs:
+if not torch.cuda.is_available() and not installed().cpu_moe_runs:
     pytest.skip("vLLM 0.24.0 runs no MoE model on a CPU host (stock too): its CPU "
                 "fused-MoE torch path builds SiluAndMul, a CustomOp, at forward time "
                 "(cpu_fused_moe.py's _CPU_MOE_ACT_FN), which fails \"Current vLLM config "
-                "is not set\" (Release.cpu_moe_runs)", allow_module_level=True)
+                "is not set\" (releases_facts: cpu_moe_runs)", allow_module_level=True)
 
 CPU_REFUSAL = ("--enable-return-routed-experts is not supported with monolithic MoE "
                "kernel")

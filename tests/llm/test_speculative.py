@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from conftest import (ENGINE_KWARGS, PROMPTS, assert_supports_match_reference,
                       check_alignment, counter, engine_on, skip_without_v1_runner)
+from releases_facts import facts
 from test_support_logprobs_engine import check_exact
 from vllm import SamplingParams
 
@@ -38,7 +39,7 @@ MASK_OFF = {"return_sampling_mask": False}
 MAX_SIZE = 128   # --max-sampling-mask-size, so that a wide support can trip it
 KV_BLOCKS = 9    # of 32 tokens: one max_model_len and the null block, so six requests preempt
 V1_CANNOT = (f"vLLM {upstream_release().version}'s V1 runner cannot run speculative decoding "
-             "on a CPU host, stock vLLM too (Release.v1_cpu_speculation: on 0.24 "
+             "on a CPU host, stock vLLM too (releases_facts' v1_cpu_speculation: on 0.24 "
              "\"_sample_recovered_tokens_kernel_impl() got an unexpected keyword argument "
              "'USE_FP64_GUMBEL'\", on 0.30 \"Cannot inspect kernel parameters for function\")")
 
@@ -64,12 +65,12 @@ def llm(request, draft):
     release = upstream_release()
     if runner == "v1":
         skip_without_v1_runner()
-    if runner == "v1" and not release.v1_cpu_speculation:
+    if runner == "v1" and not facts(release).v1_cpu_speculation:
         pytest.skip(V1_CANNOT)
-    if runner == "mrv2" and method not in release.mrv2_speculators:
+    if runner == "mrv2" and method not in facts(release).mrv2_speculators:
         pytest.skip(f"vLLM {release.version}'s Model Runner V2 does not run the "
                     f"speculative method {method!r} (upstream refuses it: \"Model Runner V2 "
-                    f"does not yet support\"; Release.mrv2_speculators)")
+                    f"does not yet support\"; releases_facts' mrv2_speculators)")
     if method == "draft_model":
         spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": K}
     else:

@@ -21,11 +21,11 @@ from __future__ import annotations
 import pytest
 from conftest import (ENGINE_KWARGS, PROMPTS, assert_supports_match_reference,
                       check_alignment, engine_on)
+from releases_facts import installed
 from test_speculative import (CASES, MASK_OFF, V1_CANNOT, assert_masks_changed_nothing,
                               generate_counting, params_for)
 
 from vllm_sampling_mask.tools.demo import eagle_head
-from vllm_sampling_mask.patches.apply import upstream_release
 
 K = 2   # draft positions per verify step
 
@@ -35,7 +35,7 @@ K = 2   # draft positions per verify step
     pytest.param("mrv2", id="mrv2-eagle", marks=pytest.mark.mrv2)])
 def llm(request, tmp_path_factory):
     runner = request.param
-    if runner == "v1" and not upstream_release().v1_cpu_speculation:
+    if runner == "v1" and not installed().v1_cpu_speculation:
         pytest.skip(V1_CANNOT)
     head = eagle_head(str(tmp_path_factory.mktemp("eagle") / "head"))
     spec = {"method": "eagle", "model": head, "num_speculative_tokens": K}

@@ -30,6 +30,7 @@ import re
 import pytest
 import torch
 from conftest import ENGINE_KWARGS, check_alignment, hf_logits, native_v1, reference_support
+from releases_facts import facts
 
 from vllm_sampling_mask.patches.apply import upstream_release
 
@@ -56,11 +57,11 @@ TOKENS = 64
 def llm(request):
     from vllm import LLM
     release = upstream_release()
-    if request.param == "mrv2" and not release.mrv2_cpu_grammar and \
+    if request.param == "mrv2" and not facts(release).mrv2_cpu_grammar and \
             not torch.cuda.is_available():
         pytest.skip(f"vLLM {release.version}'s Model Runner V2 cannot apply a grammar on "
-                    "a CPU host (Release.mrv2_cpu_grammar: upstream's bitmask index copy in "
-                    "v1/worker/gpu/structured_outputs.py asks for pinned memory, "
+                    "a CPU host (releases_facts' mrv2_cpu_grammar: upstream's bitmask index "
+                    "copy in v1/worker/gpu/structured_outputs.py asks for pinned memory, "
                     "\"pin_memory=True requires a CUDA or other accelerator backend; no "
                     "pinned memory allocator is available on this system.\", and the "
                     "engine dies)")

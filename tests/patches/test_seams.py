@@ -1,6 +1,6 @@
 """The seam contract: what each patch relies on in the installed vLLM (and Triton 3.9).
 
-The contract itself is data in `vllm_sampling_mask/patches/seams.py` (keyed by patch, each entry
+The contract itself is data in each patch's record (`Patch.seams` in `patches.REGISTRY`, each entry
 naming the vLLM versions it applies to): for every patch, the upstream functions it wraps
 with their parameter names (the wrappers read arguments by position or name), and the
 attributes, fields and names it reads or replaces. Here every entry that applies to the
@@ -18,6 +18,7 @@ import inspect
 from importlib import metadata
 
 import pytest
+from releases_facts import installed
 
 from vllm_sampling_mask import SUPPORTED_VLLM
 from vllm_sampling_mask.patches import apply as patching
@@ -108,7 +109,8 @@ def test_versions_the_patches_were_written_against():
     import triton
     import vllm
     assert vllm.__version__.split("+")[0] in SUPPORTED_VLLM, "every seam: vLLM moved"
-    # the Triton the release's torch brings (`Release.triton`: 3.9, 0.24's 3.6)
-    wanted = patching.upstream_release().triton
+    # the Triton the release's torch brings (`releases_facts`' `triton`: 3.9, 0.24's
+    # 3.6, 0.33's 3.8)
+    wanted = installed().triton
     assert triton.__version__.startswith(wanted + "."), (
         f"interpreter patches: written for Triton {wanted}, found {triton.__version__}")

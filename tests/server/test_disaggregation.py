@@ -1,8 +1,9 @@
 """Masks under prefill/decode disaggregation: two `vllm serve --return-sampling-mask`
-of the demo model (V1 runner, natively), a prefill instance (`kv_producer`) and a
-decode instance (`kv_consumer`), joined by vLLM's `ExampleConnector` (it writes each
-prompt's KV cache to files under a shared path and reads it back), behind the small
-routing proxy below (vLLM's example proxies are not in the wheel).
+of the demo model (V1 runner natively, Model Runner V2 where the release has no V1
+runner), a prefill instance (`kv_producer`) and a decode instance (`kv_consumer`),
+joined by vLLM's `ExampleConnector` (it writes each prompt's KV cache to files under a
+shared path and reads it back), behind the small routing proxy below (vLLM's example
+proxies are not in the wheel).
 
 The proxy sends the client's request to the prefill instance with one token and
 `kv_transfer_params` asking it to keep the KV for a remote decode, then the original
@@ -36,7 +37,8 @@ import requests
 from vllm_sampling_mask import DEMO_MODEL, SamplingMask
 from vllm_sampling_mask.tools.demo import DEMO_PROMPTS, server_command, server_env, wait_healthy
 
-from conftest import CMPL, GEN, assert_supports_match_reference, check_alignment, free_port
+from conftest import (CMPL, GEN, assert_supports_match_reference, check_alignment, free_port,
+                      host_env, server_runner)
 
 # The KV cache block size of both instances: the connector moves whole blocks, so each
 # prompt here is longer than one block (the CPU default, 128, would need long prompts).
@@ -74,7 +76,7 @@ def pd(tmp_path_factory):
     while len(ports) < 2:
         if (port := free_port()) not in ports:
             ports.append(port)
-    env = {**server_env("v1"), "VLLM_SAMPLING_MASK_DEBUG_STATE": "1"}
+    env = {**server_env(server_runner()), "VLLM_SAMPLING_MASK_DEBUG_STATE": "1", **host_env()}
     started = []
     with contextlib.ExitStack() as stack:
         for role, port in zip(("kv_producer", "kv_consumer"), ports):

@@ -1,10 +1,10 @@
 """Masks in vLLM's distributed modes, each a real `vllm serve` of the demo model on
-this CPU host (V1 runner, natively): tensor parallel 2, data parallel 2 (two engine
-cores), two API server processes. The same checks as the single-process server tests:
-supports against the independent float32 reference, the sampled token's processed
-logprob against the trainer-side replay, masks equal to the single-worker server on
-the same seeded requests, the per-request switch, the size limit, streaming, `n > 1`
-and an abort.
+this CPU host (V1 runner natively, Model Runner V2 where the release has no V1 runner):
+tensor parallel 2, data parallel 2 (two engine cores), two API server processes. The
+same checks as the single-process server tests: supports against the independent
+float32 reference, the sampled token's processed logprob against the trainer-side
+replay, masks equal to the single-worker server on the same seeded requests, the
+per-request switch, the size limit, streaming, `n > 1` and an abort.
 
 One server at a time (module-scoped, parametrised fixture); each takes about a
 minute to start on 2 cores. Pipeline parallelism and the Ray executor are not
@@ -28,7 +28,7 @@ from vllm_sampling_mask import DEMO_MODEL, SamplingMask
 from vllm_sampling_mask.training import nucleus_logprobs
 
 from conftest import (SERVER_MAX_MASK_SIZE, SERVER_MAX_NUM_SEQS, assert_supports_match_reference,
-                      free_port, hf_logits)
+                      free_port, hf_logits, host_env, server_runner)
 
 # vLLM's CPU workers bind their OpenMP threads to NUMA nodes; a 2-core host has one
 # node, so two workers need their cores named (one per worker here).
@@ -50,9 +50,9 @@ def mode(request, tmp_path_factory):
     """(name, base URL, log path) of one distributed server, started once per mode."""
     from vllm_sampling_mask.tools.demo import serving
     log = tmp_path_factory.mktemp(request.param) / "vllm-serve.log"
-    env = {**BIND, "VLLM_SAMPLING_MASK_DEBUG_STATE": "1"}
+    env = {**BIND, "VLLM_SAMPLING_MASK_DEBUG_STATE": "1", **host_env()}
     with serving(free_port(), str(log), extra=[*MODES[request.param], *EXTRA],
-                 runner="v1", env=env) as base:
+                 runner=server_runner(), env=env) as base:
         yield request.param, base, log
 
 

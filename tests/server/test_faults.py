@@ -1,5 +1,6 @@
 """Faults, against a real `vllm serve` (the stock CLI, patched by the site hook, V1
-runner natively, mask on) that each scenario starts for itself and destroys:
+runner natively, Model Runner V2 where the release has no V1 runner; mask on) that each
+scenario starts for itself and destroys:
 
 - the engine core process is SIGKILLed while requests are in flight on the three
   routes (running and still queued, streamed and not);
@@ -48,7 +49,7 @@ import psutil
 import pytest
 import requests
 
-from conftest import free_port
+from conftest import free_port, host_env, server_runner
 
 from vllm_sampling_mask import DEMO_MODEL, SamplingMask
 from vllm_sampling_mask.tools.demo import serving
@@ -321,7 +322,8 @@ def engine_killed(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("faults") / "engine-killed.log"
     port = free_port()
     extra = ["--max-num-seqs", "4", "--max-model-len", "2048"]
-    with serving(port, str(log_path), extra=extra, runner="v1") as base:
+    with serving(port, str(log_path), extra=extra, runner=server_runner(),
+                 env=host_env()) as base:
         api = api_server(port)
         tree = api.children(recursive=True)
         core = engine_core(tree)
@@ -431,7 +433,8 @@ def sigterm_run(tmp_path_factory, shutdown_timeout: int) -> Fault:
     max_tokens, hang = (200, HANG) if drain else (1500, ABORT_HANG)
     extra = ["--max-num-seqs", "8", "--max-model-len", "2048",
              "--shutdown-timeout", str(shutdown_timeout)]
-    with serving(port, str(log_path), extra=extra, runner="v1") as base:
+    with serving(port, str(log_path), extra=extra, runner=server_runner(),
+                 env=host_env()) as base:
         api = api_server(port)
         tree = api.children(recursive=True)
         run = Fault(base)

@@ -1,5 +1,6 @@
 """Sampling masks under speculative decoding over HTTP: one `vllm serve` with n-gram
-speculation on the V1 runner, vLLM's RL routes on (tests/llm/test_speculative.py runs the
+speculation on the release's runner (V1 natively, Model Runner V2 where the release has no
+V1 runner), vLLM's RL routes on (tests/llm/test_speculative.py runs the
 engines in process). A streamed chunk carries the masks of every token a verify step
 emitted, in lists and packed; a request paused in keep mode between verify steps keeps
 exact masks; a request aborted by the engine or dropped by its client ends with the
@@ -14,7 +15,8 @@ import types
 
 import pytest
 import requests
-from conftest import assert_supports_match_reference, free_port
+from conftest import assert_supports_match_reference, free_port, host_env, server_runner
+from releases_facts import facts
 from rl_http import TOKENS, Stream, body, no_state_left, post
 from test_speculative import K, V1_CANNOT
 
@@ -24,15 +26,20 @@ from vllm_sampling_mask.patches.apply import upstream_release
 
 @pytest.fixture(scope="module")
 def spec_server(tmp_path_factory):
-    if not upstream_release().v1_cpu_speculation:
+    release, runner = upstream_release(), server_runner()
+    if runner == "v1" and not facts(release).v1_cpu_speculation:
         pytest.skip(V1_CANNOT)
+    if runner == "mrv2" and "ngram" not in facts(release).mrv2_speculators:
+        pytest.skip(f"vLLM {release.version}'s Model Runner V2 does not run n-gram "
+                    "speculation (releases_facts' mrv2_speculators)")
     from vllm_sampling_mask.tools.demo import serving
     spec = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3,
             "prompt_lookup_min": 1}
     log = tmp_path_factory.mktemp("serve-spec") / "vllm-serve.log"
     with serving(free_port(), str(log), extra=["--speculative-config", json.dumps(spec)],
-                 runner="v1", env={"VLLM_SERVER_DEV_MODE": "1",   # /pause, /resume
-                                   "VLLM_SAMPLING_MASK_DEBUG_STATE": "1"}) as base:
+                 runner=runner, env={"VLLM_SERVER_DEV_MODE": "1",   # /pause, /resume
+                                     "VLLM_SAMPLING_MASK_DEBUG_STATE": "1",
+                                     **host_env()}) as base:
         yield base
 
 

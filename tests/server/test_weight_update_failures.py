@@ -1,6 +1,7 @@
 """A weight reload that fails loses nothing (`reload_weights_recovery`,
 `collective_rpc_refusals`), through `POST /collective_rpc` `reload_weights` on a dev-mode
-server of the demo model (V1 runner, masks on, float32).
+server of the demo model (the release's runner: V1 natively, Model Runner V2 where the
+release has no V1 runner; masks on, float32).
 
 Each bad checkpoint below is answered with one clear error naming the cause (HTTP
 400 for the caller's checkpoint, no traceback in the body): a path that does not
@@ -27,7 +28,7 @@ import shutil
 
 import pytest
 import requests
-from conftest import free_port
+from conftest import free_port, host_env, server_runner
 
 from vllm_sampling_mask import DEMO_MODEL
 from vllm_sampling_mask.tools.demo import eagle_head, perturbed_draft, serving
@@ -155,8 +156,8 @@ def test_the_checks_a_refusal_is_read_back_from_the_text_it_crosses_processes_as
 @pytest.fixture(scope="module")
 def server(checkpoints, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve-failed-reloads") / "vllm-serve.log"
-    with serving(free_port(), str(log), runner="v1",
-                 env={"VLLM_SERVER_DEV_MODE": "1",
+    with serving(free_port(), str(log), runner=server_runner(),
+                 env={"VLLM_SERVER_DEV_MODE": "1", **host_env(),
                       "VLLM_SAMPLING_MASK_TEST_RELOAD_FAULT":
                           checkpoints["fails in loading"]}) as base:
         r = requests.post(base + "/update_weight_version", json={"new_version": "v0"},

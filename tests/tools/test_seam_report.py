@@ -12,7 +12,6 @@ import zipfile
 import pytest
 
 from vllm_sampling_mask.tools import seam_report
-from vllm_sampling_mask.patches import seams
 from vllm_sampling_mask.tools.seam_report import GONE, MOVED, PRESENT, CHANGED, UNCHECKED
 from vllm_sampling_mask.patches.seams import Fields, Function, Name, SourceUses
 
@@ -199,14 +198,14 @@ def test_entries_follow_the_span_they_name(tmp_path):
 def test_the_command_writes_markdown_with_itself_on_top_and_fails_on_a_moved_seam(
         tmp_path, capsys, monkeypatch):
     root = _write(tmp_path, BASE)
-    monkeypatch.setattr(seams, "SEAMS", {"loop": ENTRIES["loop"],
-                                         "gone": (Name("vllm.engine.core", "Nothing"),)})
+    monkeypatch.setattr(seam_report, "seam_table", lambda: {
+        "loop": ENTRIES["loop"], "gone": (Name("vllm.engine.core", "Nothing"),)})
     rc = seam_report.main([str(root), "--markdown"])
     out = capsys.readouterr().out
     assert rc == 1
     assert "python -m vllm_sampling_mask.tools.seam_report" in out.split("## Per patch")[0]
     assert "| loop | present |" in out and "| gone | gone |" in out
-    monkeypatch.setattr(seams, "SEAMS", {"loop": ENTRIES["loop"]})
+    monkeypatch.setattr(seam_report, "seam_table", lambda: {"loop": ENTRIES["loop"]})
     assert seam_report.main([str(root)]) == 0
     assert seam_report.main([str(tmp_path / "missing")]) == 2
 

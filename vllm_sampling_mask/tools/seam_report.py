@@ -1,4 +1,4 @@
-"""Which seams of `seams.SEAMS` a vLLM source tree still has, read without importing it.
+"""Which seams of the patch records a vLLM source tree still has, read without importing it.
 
     python -m vllm_sampling_mask.tools.seam_report PATH [--markdown] [--version X.Y.Z]
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_sampling_mask.patches import seams as _seams
-from vllm_sampling_mask.patches import applied_on
+from vllm_sampling_mask.patches import REGISTRY, applied_on
 
 PRESENT, CHANGED, MOVED, GONE, UNCHECKED = "present", "changed", "moved", "gone", "unchecked"
 STATUSES = (PRESENT, CHANGED, MOVED, GONE, UNCHECKED)
@@ -343,12 +343,17 @@ def check(tree: SourceTree, patch: str, entry) -> Finding:
     return Finding(patch, kind, seam, MOVED, "now " + "; ".join(notes) + more)
 
 
+def seam_table() -> dict[str, tuple]:
+    """Every patch's seam entries (its record's `seams`), by patch name."""
+    return {name: record.seams for name, record in REGISTRY.items()}
+
+
 def report(tree: SourceTree, version: str | None = None,
            table: dict[str, tuple] | None = None) -> list[Finding]:
-    """A finding per entry of `table` (default `seams.SEAMS`) that applies to `version`
+    """A finding per entry of `table` (default `seam_table()`: every record's) that applies to `version`
     (default: the tree's own)."""
     version = version or tree.version()
-    table = _seams.SEAMS if table is None else table
+    table = seam_table() if table is None else table
     return [check(tree, patch, _seams.resolved(entry, version))
             for patch, rows in table.items() if applied_on(patch, version)
             for entry in rows if _seams.applies(entry, version)]
@@ -378,8 +383,8 @@ def render(findings: list[Finding], label: str, version: str | None, markdown: b
         return "\n".join(lines) + "\n"
     lines = [f"# Seams in vLLM {version or '?'}", "",
              "Generated, do not edit by hand:", "", "```", command, "```", "",
-             f"Read statically from `{os.path.basename(label)}`: {len(findings)} entries of "
-             f"`vllm_sampling_mask/patches/seams.py`, {summary}.", "",
+             f"Read statically from `{os.path.basename(label)}`: {len(findings)} seam entries "
+             f"of the patch records (`patches.REGISTRY`), {summary}.", "",
              "Statuses: `present` (as declared), `changed` (same place, other parameters,"
              " fields or source), `moved` (defined under another module), `gone`,"
              " `unchecked` (outside vLLM's tree or made at run time).", ""]

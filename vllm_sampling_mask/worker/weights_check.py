@@ -174,18 +174,27 @@ def compare(found: Manifest, expected: Manifest, path: str) -> None:
         raise _refuse(f"{path!r} has {len(extra)} tensor(s) the served model does not: "
                       f"{_listing(extra)}. Save the served model's weights under their "
                       "own names (is it another model's checkpoint?)")
-    shapes = [n for n in found if found[n][1] != expected[n][1]]
-    if shapes:
-        n = sorted(shapes)[0]
-        raise _refuse(f"{path!r} gives {len(shapes)} tensor(s) another shape than the "
-                      f"served model's, e.g. {n!r}: {list(found[n][1])}, served "
-                      f"{list(expected[n][1])}. Save the served model's architecture")
-    dtypes = [n for n in found if found[n][0] != expected[n][0]]
-    if dtypes:
-        n = sorted(dtypes)[0]
-        raise _refuse(f"{path!r} gives {len(dtypes)} tensor(s) another dtype than the "
-                      f"served checkpoint's, e.g. {n!r}: {found[n][0]}, served "
-                      f"{expected[n][0]}. Save the weights in {expected[n][0]}")
+    count, n = _differing(found, expected, _SHAPE)
+    if count:
+        raise _refuse(f"{path!r} gives {count} tensor(s) another shape than the served "
+                      f"model's, e.g. {n!r}: {list(found[n][_SHAPE])}, served "
+                      f"{list(expected[n][_SHAPE])}. Save the served model's architecture")
+    count, n = _differing(found, expected, _DTYPE)
+    if count:
+        want = expected[n][_DTYPE]
+        raise _refuse(f"{path!r} gives {count} tensor(s) another dtype than the served "
+                      f"checkpoint's, e.g. {n!r}: {found[n][_DTYPE]}, served {want}. Save "
+                      f"the weights in {want}")
+
+
+_DTYPE, _SHAPE = 0, 1   # a manifest's (dtype, shape) per tensor
+
+
+def _differing(found: Manifest, expected: Manifest, field: int) -> tuple[int, str | None]:
+    """How many tensors of `found` differ from `expected` in `field`, and the first
+    of them by name (None when none does)."""
+    differ = sorted(n for n in found if found[n][field] != expected[n][field])
+    return len(differ), (differ[0] if differ else None)
 
 
 def architecture_problem(path: str, served: list[str] | None) -> None:

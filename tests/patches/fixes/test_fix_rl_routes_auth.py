@@ -21,7 +21,7 @@ import importlib
 
 import pytest
 import requests
-from conftest import free_port
+from conftest import free_port, host_env, server_runner
 
 from vllm_sampling_mask import DEMO_MODEL
 from vllm_sampling_mask.tools.demo import serving
@@ -91,8 +91,8 @@ def test_upstreams_middleware_lets_the_guarded_routes_through():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve-api-key") / "vllm-serve.log"
-    with serving(free_port(), str(log), runner="v1", extra=["--api-key", KEY],
-                 env={"VLLM_SERVER_DEV_MODE": "1"}) as base:
+    with serving(free_port(), str(log), runner=server_runner(), extra=["--api-key", KEY],
+                 env={"VLLM_SERVER_DEV_MODE": "1", **host_env()}) as base:
         yield base
 
 

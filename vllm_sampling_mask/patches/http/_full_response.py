@@ -1,14 +1,21 @@
-"""Full (not streamed) responses: each choice's mask in the request's format
-(`set_choice_mask`); in lists format a `MaskLists`, which the response's `model_dump()`
-leaves as it is (`WritesMaskLists`, `_protocol.declare_choice_fields`) and the
-`json_response` patch writes from its arrays as the body is rendered (`MaskedBody`),
-the same bytes.
+"""Full (not streamed) responses, the same path on all three routes: `fill_masks`
+sets each choice's mask from its final `CompletionOutput` (by choice index) in the
+request's format (`set_choice_mask`), once the route's finals are known. Only how a
+route gets its finals differs, as upstream gives no common seam: chat's and
+generate's full-response generators read a result generator, which `recording`
+re-yields (`full_response_with_masks`); completions' collects every prompt's
+final `RequestOutput` in `create_completion` and hands the batch to
+`request_output_to_completion_response` (`batch_finals`). Either way a mask error
+raises before upstream reads an output. In lists format a choice's mask is a
+`MaskLists`, which the response's `model_dump()` leaves as it is (`WritesMaskLists`,
+`_protocol.declare_choice_fields`) and the `json_response` patch writes from its
+arrays as the body is rendered (`MaskedBody`), the same bytes.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 from vllm_sampling_mask.patches._wrap import argument, with_argument
 from vllm_sampling_mask.patches.http._body_fields import packed_format
@@ -137,17 +144,36 @@ async def recording(results: AsyncIterator, final: dict):
         await results.aclose()
 
 
+def fill_masks(response, finals: Mapping[int, object], request):
+    """Fill every choice of a route's full `response` from its final
+    `CompletionOutput` (`finals`, by choice index) in `request`'s wire format:
+    `sampling_mask`, its reason, and in lists format the support logprobs (when
+    asked for). A mask error of any final raises before any choice is filled."""
+    raise_mask_errors(finals.values())
+    packed = packed_format(request)
+    for choice in response.choices:
+        set_choice_mask(choice, finals[choice.index], packed)
+    return response
+
+
+def batch_finals(final_res_batch) -> dict[int, object]:
+    """Completions' finals by choice index: upstream numbers the choices of all
+    prompts in order (`index=len(choices)`: prompt by prompt, each prompt's outputs
+    in order). A mask error raises here, before upstream reads the outputs."""
+    finals = dict(enumerate(c for res in final_res_batch for c in res.outputs))
+    raise_mask_errors(finals.values())
+    return finals
+
+
 async def full_response_with_masks(wrapped, args, kwargs, response_type):
     """Run a route's full-response generator (`wrapped`, whose arguments name
     `request` and `result_generator`), recording each choice's final output, then
-    set every choice's mask (and support logprobs) in the request's wire format.
-    A response of another type (an error) is returned as it is."""
+    fill the response's masks (`fill_masks`). A response of another type (an
+    error) is returned as it is."""
     final = {}
     args, kwargs = with_argument(wrapped, args, kwargs, "result_generator",
                                  lambda results: recording(results, final))
     response = await wrapped(*args, **kwargs)
     if isinstance(response, response_type):
-        packed = packed_format(argument(wrapped, args, kwargs, "request"))
-        for choice in response.choices:
-            set_choice_mask(choice, final[choice.index], packed)
+        fill_masks(response, final, argument(wrapped, args, kwargs, "request"))
     return response

@@ -1,10 +1,26 @@
-"""The mask's fields declared on upstream's OpenAI protocol classes: the request
-class with the body fields (`_body_fields`) and its checks (`_body_checks`; on a release
-whose `check_logprobs` compares logprobs fields as sent, `Release.logprobs_compared_raw`:
-0.24, a value there that is no number is a 400 naming the field,
-`error_sentences.refuse_non_numbers`; remove that part with 0.24, vLLM #49144 type-checks them
-from 0.27), and the response classes with the choice's mask fields, written from the
-masks' arrays (`_full_response.WritesMaskLists`).
+"""The mask's fields declared on upstream's OpenAI protocol classes, for the two
+OpenAI routes (`chat_protocol`, `completion_protocol`: one call of
+`declare_openai_fields` each, with the route's three class names).
+
+- The request class is replaced with a subclass that declares the body fields
+  `return_sampling_mask: bool | None` and `return_sampling_mask_logprobs: bool | None`
+  (strict: "yes" is a 400 naming it) and `sampling_mask_format: "lists" | "packed" |
+  None` (any other value a 400 naming it), checks the body first (`_body_checks`), and
+  whose `to_sampling_params` puts the two switches into the request's
+  `SamplingParams.extra_args` (other extra args kept; absent leaves them alone), where
+  the input processor decides (`_body_fields`).
+- The choice and response classes are replaced with subclasses that declare
+  `sampling_mask` (lists, or the packed object), `sampling_mask_logprobs` and
+  `sampling_mask_log_kept` (the response class too: pydantic serialises a list field by
+  its declared item type; its `model_dump()` leaves a lists mask for the
+  `json_response` patch to write from its arrays: `_full_response.WritesMaskLists`).
+- The names are replaced as the protocol module finishes executing, so the route
+  (`api_router`) parses the subclass and the serving module builds the subclasses.
+- On a release whose `check_logprobs` compares logprobs fields as sent
+  (`Release.logprobs_compared_raw`: 0.24), the request subclass first refuses a value
+  there that is no number, naming the field (upstream's comparison raised a TypeError,
+  a 400 naming none; `error_sentences.refuse_non_numbers`; that part goes with 0.24:
+  vLLM #49144 type-checks them from 0.27).
 """
 
 from __future__ import annotations

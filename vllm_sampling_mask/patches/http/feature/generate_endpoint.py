@@ -13,7 +13,9 @@ What: in the generate route's serving module (`release.module("generate_serving"
     request the input processor refuses is an HTTP 400, streamed or not; a
     refusal logs one line, `_refusals.answered`);
     `serve_tokens_full_generator` to fill each choice's `sampling_mask` from
-    its final `CompletionOutput`; `serve_tokens_stream_generator` to give each
+    its final `CompletionOutput` (`_full_response.fill_masks`, the three routes'
+    one path; the finals recorded from its result generator:
+    `full_response_with_masks`); `serve_tokens_stream_generator` to give each
     chunk the supports of exactly its tokens (`_stream.StreamMasks`, flag on),
     and, flag on or off, the first result it reads holding every choice of an
     n > 1 request (upstream sizes its per-choice counters from it, and failed

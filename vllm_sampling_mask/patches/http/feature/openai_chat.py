@@ -7,7 +7,9 @@ What: in `vllm/entrypoints/openai/chat_completion/serving.py`, wraps
     its first event is not an error (a request the input processor refuses is
     an HTTP 400, streamed or not); `chat_completion_full_generator` to fill
     each choice's `sampling_mask` (declared by the `chat_protocol` patch) from
-    its final `CompletionOutput`; `chat_completion_stream_generator` to give
+    its final `CompletionOutput` (`_full_response.fill_masks`, the three routes'
+    one path; the finals recorded from its result generator:
+    `full_response_with_masks`); `chat_completion_stream_generator` to give
     each chunk the supports of exactly its tokens (`_stream.StreamMasks`: `[]` on
     the role chunk; tokens a parser held back without a chunk go with the
     choice's next chunk) and to end a stream with an error event carrying a

@@ -7,23 +7,24 @@ What: in `vllm/entrypoints/openai/completion/serving.py`, wraps
     its first event is not an error (a request the input processor refuses is
     an HTTP 400, streamed or not); `request_output_to_completion_response` to
     fill each choice's `sampling_mask` (declared by the `completion_protocol`
-    patch) from its final `CompletionOutput` (upstream numbers the choices of
-    all prompts in order); `completion_stream_generator` to give each chunk the
-    supports of exactly its tokens (`_stream.StreamMasks`; a chunk's choice index
-    is `output.index + prompt index * n`, as upstream's) and to end a stream
-    with an error event carrying a mask error's message. The body field reaches
-    the engine through `CompletionRequest.to_sampling_params`
-    (`completion_protocol`). The mask covers the generated tokens (what
-    `return_token_ids` returns as `token_ids`), also with `echo`.
+    patch) from its final `CompletionOutput` (`_full_response.fill_masks`, the
+    three routes' one path; the finals come from its `final_res_batch`, whose
+    choices upstream numbers over all prompts in order: `batch_finals`);
+    `completion_stream_generator` to give each chunk the supports of exactly its
+    tokens (`_stream.StreamMasks`; a chunk's choice index is `output.index +
+    prompt index * n`, as upstream's) and to end a stream with an error event
+    carrying a mask error's message. The body field reaches the engine through
+    `CompletionRequest.to_sampling_params` (`completion_protocol`). The mask
+    covers the generated tokens (what `return_token_ids` returns as
+    `token_ids`), also with `echo`.
 Why: RL trainers that sample through the OpenAI API.
 """
 
 from __future__ import annotations
 
 from vllm_sampling_mask.config import serving_mask_enabled
-from vllm_sampling_mask.patches.http._body_fields import packed_format
-from vllm_sampling_mask.patches.http._full_response import set_choice_mask
-from vllm_sampling_mask.patches.http._refusals import create_with_masks, raise_mask_errors
+from vllm_sampling_mask.patches.http._full_response import batch_finals, fill_masks
+from vllm_sampling_mask.patches.http._refusals import create_with_masks
 from vllm_sampling_mask.patches.http._stream import StreamMasks
 from vllm_sampling_mask.patches._wrap import argument, with_argument, wraps
 from vllm_sampling_mask.releases import Release
@@ -37,14 +38,9 @@ def apply(module, release: Release) -> None:
 
     @wraps(module, "OpenAIServingCompletion.request_output_to_completion_response")
     def request_output_to_completion_response(wrapped, self, args, kwargs):
-        final_res_batch = argument(wrapped, args, kwargs, "final_res_batch")
-        completions = [c for res in final_res_batch for c in res.outputs]
-        raise_mask_errors(completions)
-        response = wrapped(*args, **kwargs)
-        packed = packed_format(argument(wrapped, args, kwargs, "request"))
-        for choice, completion in zip(response.choices, completions, strict=True):
-            set_choice_mask(choice, completion, packed)
-        return response
+        finals = batch_finals(argument(wrapped, args, kwargs, "final_res_batch"))
+        return fill_masks(wrapped(*args, **kwargs), finals,
+                          argument(wrapped, args, kwargs, "request"))
 
     @wraps(module, "OpenAIServingCompletion.completion_stream_generator")
     def completion_stream_generator(wrapped, self, args, kwargs):
