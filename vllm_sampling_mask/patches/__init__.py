@@ -1025,6 +1025,10 @@ _RECORDS = (
                  "all_random"),
               _s("vllm.v1.sample.sampler", "Sampler.sample", "logits = self.apply_temperature(",
                  "sampling_metadata.logitsprocs.argmax_invariant"),
+              # an all-greedy batch returns its logits unscaled (the profiling run's
+              # all-greedy verify step: its bonus positions' capture records them)
+              _s("vllm.v1.sample.sampler", "Sampler.sample", "if sampling_metadata.all_greedy:",
+                 "processed_logprobs = logits"),
           )),
     Patch("rejection_sampler_v1", (REJECTION,), WORKER, F,
           NONE_KNOWN + "vLLM #54166 returns the support of verify steps from Model "
@@ -1047,6 +1051,9 @@ _RECORDS = (
                  "target_logits = apply_sampling_constraints("),
               _s(REJECTION, "apply_sampling_constraints", "logits.div_(temperature",
                  "return apply_top_k_top_p(logits, top_k, top_p)"),
+              # an all-greedy step returns before them (the profiling run's last verify
+              # step): the wrapper hands those positions' raw logits in that run
+              _s(REJECTION, "apply_sampling_constraints", "if sampling_metadata.all_greedy:"),
               _f(REJECTION, "apply_top_k_top_p", "logits", "k", "p", until=R33),
               _f(REJECTION, "apply_top_k_top_p", "logits", "k", "p", "has_topp_only_rows",
                  since=R33),

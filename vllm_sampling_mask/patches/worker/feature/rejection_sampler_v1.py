@@ -28,6 +28,13 @@ What: wraps `RejectionSampler.forward` and `apply_top_k_top_p` (the module
     which is zero where p is), and the bonus token from the target. Rows after
     a rejection emit nothing and decode as count 0 (`transport.decode`); the
     scheduler gives each output the rows of the tokens it kept.
+    The memory-profiling run's dummy sampler run ends with an all-greedy verify
+    step, in which `apply_sampling_constraints` returns before `apply_top_k_top_p`:
+    there (plan `worst_case`, `all_greedy`) the wrapper hands the draft positions'
+    raw target logits (`logits[metadata.target_logits_indices]`, their capture
+    recorded from the same), so that step extracts every row at the widest, as
+    memory sizing needs (the values do not matter). A served all-greedy step
+    plans no row (a greedy request wants no mask) and extracts none.
 Why: under speculative decoding the rejection sampler, not the sampler, decides
     a step's tokens; the trainer replays the target distribution at each
     position, so the mask is that distribution's support (its marginal is the
@@ -67,6 +74,13 @@ def apply(module, release: Release) -> None:
                       index={BONUS: metadata.bonus_logits_indices,
                              DRAFTS: metadata.target_logits_indices})
         output = wrapped(*args, **kwargs)
+        if plan.worst_case and argument(wrapped, args, kwargs, "sampling_metadata").all_greedy:
+            # the profiling run's all-greedy pass: upstream processed no draft position
+            raw = logits[metadata.target_logits_indices]
+            piece = step.piece(DRAFTS, raw.shape[0])
+            if piece.capture is not None:
+                piece.capture.record(raw)
+            step.hand(piece, raw)
         if plan.n_rows == 0:   # no position to extract (idle rows ride on the mask)
             step.extract(HOP, logits)
         else:

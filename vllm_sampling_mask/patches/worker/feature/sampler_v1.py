@@ -22,7 +22,10 @@ What: in `vllm/v1/sample/sampler.py`, declares `Sampler.sampling_mask` (the
     argmax-invariant processors, min-p among them, and top-k/top-p then edit
     them in place) is shadowed on the instance by one that records the scaled
     distribution's largest logprob ([A] floats, not the logits). A batch where
-    no row asked captures nothing.
+    no row asked captures nothing. An all-greedy batch applies no temperature:
+    in the memory-profiling run (whose all-greedy verify step samples its bonus
+    positions here, every row asking) the capture records the unscaled logits
+    upstream returns.
 Why: the sampler is the only place where the exact support exists. Processed
     logprobs are always materialised in `processed_logprobs` mode (which the
     flag requires), and in that mode upstream never picks the FlashInfer
@@ -65,6 +68,12 @@ def apply(module, release: Release) -> None:
                                 lambda *a, **k: capture.record(scale(*a, **k)))
         with scaling:
             sampled, processed_logprobs = wrapped(*args, **kwargs)
+        if (capture is not None and not capture.recorded and processed_logprobs is not None
+                and (piece.plan if plan is None else plan).worst_case
+                and argument(wrapped, args, kwargs, "sampling_metadata").all_greedy):
+            # the profiling run's all-greedy verify step, whose bonus logits come
+            # back unscaled (greedy: no temperature): their capture records them
+            capture.record(processed_logprobs)
         if processed_logprobs is None:   # an all-greedy batch
             if (piece.plan if plan is None else plan).n_rows:
                 raise MissingSamplingMaskError(
