@@ -179,8 +179,8 @@ def test_a_step_is_open_only_around_its_call_and_each_stage_names_its_hop():
     with state.step(plan) as step:
         with pytest.raises(MissingSamplingMaskError, match="plan is for 2 rows.*has 3"):
             step.planned("Sampler.sample", 3)
-        with pytest.raises(MissingSamplingMaskError, match="at Sampler.__call__.*twice"):
-            step.set_plan("Sampler.__call__", plan)
+        with pytest.raises(MissingSamplingMaskError, match="at GPUModelRunner.sample.*twice"):
+            step.set_plan("GPUModelRunner.sample", plan)
         assert step.planned("Sampler.sample", 2) is plan and step.capture is None
         mask = step.extract("Sampler.sample", logits)
         assert step.result("GPUModelRunner.sample") is mask and mask.batch_rows == 2

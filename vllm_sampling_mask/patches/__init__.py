@@ -865,8 +865,8 @@ _RECORDS = (
            "support logprobs; from 0.28 this extraction replaces upstream's (its flag "
            "is kept off)."),
           change=("MRv2: `Sampler.sampling_mask` (the state); per-slot decision in "
-                  "`add_request`; the step planned in `__call__` (its partial-prefill "
-                  "rows from host arrays); extract into the step in `sample`; support "
+                  "`add_request`; extract into the step in `sample`; a verify step's "
+                  "processed logits handed to it from `apply_sampling_params`; support "
                   "logprobs (capture handed to `sampling_states.apply_min_p`)"),
           seams=(
               _f(f"{GPU}.sample.sampler", "Sampler.sample", "self", "logits",
@@ -879,7 +879,18 @@ _RECORDS = (
                  "expanded_idx_mapping", "idx_mapping", "idx_mapping_np", "pos", "input_ids",
                  "expanded_local_pos", "seq_lens_upper_bound_np", "return_logprobs",
                  since=R31),
-              _f(f"{GPU}.sample.sampler", "Sampler.__call__", "self", "logits", "input_batch"),
+              # a verify step's processed logits: each call's result handed to the step
+              # (the rejection sampler processes every position with it)
+              _f(f"{GPU}.sample.sampler", "Sampler.apply_sampling_params", "self", "logits",
+                 "expanded_idx_mapping", "idx_mapping_np", "pos", "input_ids",
+                 "expanded_local_pos", "skip_top_k_top_p", until=R28),
+              _f(f"{GPU}.sample.sampler", "Sampler.apply_sampling_params", "self", "logits",
+                 "expanded_idx_mapping", "idx_mapping", "idx_mapping_np", "pos", "input_ids",
+                 "expanded_local_pos", "skip_top_k_top_p", since=R28, until=R31),
+              _f(f"{GPU}.sample.sampler", "Sampler.apply_sampling_params", "self", "logits",
+                 "expanded_idx_mapping", "idx_mapping", "idx_mapping_np", "pos", "input_ids",
+                 "expanded_local_pos", "seq_lens_upper_bound_np", "skip_top_k_top_p",
+                 since=R31),
               _s(f"{GPU}.sample.sampler", "Sampler.__init__", "self.sampling_states",
                  "self.use_flashinfer"),
               _s(f"{GPU}.sample.states", "SamplingStates.__init__", "self.top_k",
@@ -889,28 +900,16 @@ _RECORDS = (
                  "expanded_idx_mapping", "idx_mapping_np"),
               _s(f"{GPU}.sample.sampler", "Sampler.apply_sampling_params",
                  "self.sampling_states.apply_temperature(", "self.sampling_states.apply_min_p("),
-              # the rows that sample nothing (partial prefill chunks), not extracted: the
-              # host mirror of upstream's rule (seq_len < prefill_len of the row's slot)
-              _d(f"{GPU}.input_batch", "InputBatch", "idx_mapping_np", "seq_lens_cpu_upper_bound"),
-              _s(f"{GPU}.sample.sampler", "Sampler.__init__", "self.req_states = req_states"),
-              _s(f"{GPU}.sample.sampler", "Sampler.__call__", "get_num_sampled_and_rejected(",
-                 "input_batch.seq_lens,", "self.req_states.prefill_len.gpu"),
-              _n(f"{GPU}.input_batch", "_get_num_sampled_and_rejected_kernel"),
-              _s(f"{GPU}.states", "RequestState.__init__", "self.prefill_len = UvaBackedTensor("),
-              _s(f"{GPU}.model_runner", "GPUModelRunner.prepare_inputs",
-                 "num_computed_tokens_np = self.req_states.num_computed_tokens_np[idx_mapping_np]",
-                 "out=seq_lens_cpu_upper_bound_np[:num_reqs]",
-                 "seq_lens_cpu_upper_bound=seq_lens_cpu_upper_bound"),
           )),
     Patch("rejection_sampler", (f"{GPU}.spec_decode.rejection_sampler",), WORKER, F,
           "vLLM #54166 (masks from Model Runner V2's rejection sampler, 0.32)",
           "upstream's rejection-sampler mask takes per-request decisions, the size limit "
           "and support logprobs; from 0.32 this replaces it (its flag is kept off)",
-          change=("MRv2 under speculative decoding: the step planned from the input "
-                  "batch, per position (`plan.per_token`); every position's processed "
-                  "logits kept from the sampler's `apply_sampling_params` (shadowed "
-                  "for the call, per chunk, each chunk's capture at `apply_min_p`), "
-                  "in logit-row order for one extraction"),
+          change=("MRv2 under speculative decoding: the runner's plan per position "
+                  "(`plan.per_token`); the step takes every position's processed "
+                  "logits from the sampler's `apply_sampling_params` (handed per "
+                  "chunk by the `sampler` patch, each chunk's capture at "
+                  "`apply_min_p`), in logit-row order for one extraction"),
           seams=(
               _f(f"{GPU}.spec_decode.rejection_sampler", "RejectionSampler.__call__", "self",
                  "logits", "input_batch", "draft_logits", until="0.32.0"),
@@ -920,7 +919,8 @@ _RECORDS = (
               _f(f"{GPU}.spec_decode.rejection_sampler", "RejectionSampler.__call__", "self",
                  "logits", "input_batch", "draft_logits", since=R34),
               # every position's processed logits come from the sampler's own processing
-              # (shadowed on the instance), rows per request from the host cumsum
+              # (handed to the step by the `sampler` patch's wrapper), rows per request
+              # from the host cumsum
               _s(f"{GPU}.spec_decode.rejection_sampler", "RejectionSampler",
                  "self.sampler.apply_sampling_params(", "input_batch.cu_num_logits_np"),
               _s(f"{GPU}.sample.sampler", "Sampler.apply_sampling_params",
@@ -932,8 +932,9 @@ _RECORDS = (
            "the overlay's state replaces upstream's (its flag is kept off)."),
           after=("interpreter_dummy_run",),
           change=("MRv2: build the state; profiling run inside `state.profiling()`; "
-                  "the step open around `sample_tokens`; start the mask copy after "
-                  "`sample`, hand it to the `AsyncOutput`"),
+                  "the step open around `sample_tokens`, planned in `sample` from the "
+                  "input batch (its partial-prefill rows from host arrays); start the "
+                  "mask copy after `sample`, hand it to the `AsyncOutput`"),
           seams=(
               _f(f"{GPU}.model_runner", "GPUModelRunner.load_model", "self",
                  "load_dummy_weights", "args", "kwargs", until=R32),
@@ -948,6 +949,23 @@ _RECORDS = (
               # the step is open around `sample_tokens`, which samples through `sample`
               _s(f"{GPU}.model_runner", "GPUModelRunner.sample_tokens", "self.sample("),
               _s(f"{GPU}.model_runner", "GPUModelRunner.load_model", "self.sampler = Sampler("),
+              # `sample` plans the step from its input batch, the one the sampler or the
+              # rejection sampler gets (batch-sharded sampling, which shards it, is refused)
+              _s(f"{GPU}.model_runner", "GPUModelRunner.sample",
+                 "self.sampler(logits, input_batch)", "self.rejection_sampler("),
+              _s(f"{GPU}.sample.states", "SamplingStates.__init__", "self.top_k"),
+              # the rows that sample nothing (partial prefill chunks), not extracted: the
+              # host mirror of upstream's rule (seq_len < prefill_len of the row's slot)
+              _d(f"{GPU}.input_batch", "InputBatch", "idx_mapping_np", "seq_lens_cpu_upper_bound"),
+              _s(f"{GPU}.sample.sampler", "Sampler.__init__", "self.req_states = req_states"),
+              _s(f"{GPU}.sample.sampler", "Sampler.__call__", "get_num_sampled_and_rejected(",
+                 "input_batch.seq_lens,", "self.req_states.prefill_len.gpu"),
+              _n(f"{GPU}.input_batch", "_get_num_sampled_and_rejected_kernel"),
+              _s(f"{GPU}.states", "RequestState.__init__", "self.prefill_len = UvaBackedTensor("),
+              _s(f"{GPU}.model_runner", "GPUModelRunner.prepare_inputs",
+                 "num_computed_tokens_np = self.req_states.num_computed_tokens_np[idx_mapping_np]",
+                 "out=seq_lens_cpu_upper_bound_np[:num_reqs]",
+                 "seq_lens_cpu_upper_bound=seq_lens_cpu_upper_bound"),
               *_OUTPUT_RANK,
           )),
     Patch("async_output", (f"{GPU}.async_utils",), WORKER, F, MASK_PR,
@@ -991,7 +1009,8 @@ _RECORDS = (
     Patch("sampler_v1", ("vllm.v1.sample.sampler",), WORKER, F,
           NONE_KNOWN + "vLLM #49577 returns the support from Model Runner V2 only",
           "upstream's V1 sampler returns the support", until=NO_V1,
-          change=("V1: extract the support from the processed logprobs into the step; "
+          change=("V1: extract the support from the processed logprobs into the step "
+                  "(a verify step's bonus positions: handed to it as their part); "
                   "support logprobs (capture handed to `apply_temperature`)"),
           seams=(
               _f("vllm.v1.sample.sampler", "Sampler.sample", "self", "logits",
@@ -1006,15 +1025,19 @@ _RECORDS = (
                  "all_random"),
               _s("vllm.v1.sample.sampler", "Sampler.sample", "logits = self.apply_temperature(",
                  "sampling_metadata.logitsprocs.argmax_invariant"),
+              # an all-greedy batch returns its logits unscaled (the profiling run's
+              # all-greedy verify step: its bonus positions' capture records them)
+              _s("vllm.v1.sample.sampler", "Sampler.sample", "if sampling_metadata.all_greedy:",
+                 "processed_logprobs = logits"),
           )),
     Patch("rejection_sampler_v1", (REJECTION,), WORKER, F,
           NONE_KNOWN + "vLLM #54166 returns the support of verify steps from Model "
           "Runner V2's rejection sampler only",
           "upstream's V1 rejection sampler returns the support", until=NO_V1,
           change=("V1 under speculative decoding: the step planned per position "
-                  "(`plan.per_token`), the bonus positions' processed logprobs kept "
-                  "from the plain sampler's call (a step of their own, `plan.part`) "
-                  "and the draft positions' from `apply_top_k_top_p`, assembled in "
+                  "(`plan.per_token`), taking its processed logits in two parts: the "
+                  "bonus positions' from the plain sampler's adapter, the draft "
+                  "positions' from a wrapper of `apply_top_k_top_p`; assembled in "
                   "logit-row order for one extraction; support-logprob captures "
                   "merged"),
           seams=(
@@ -1022,11 +1045,18 @@ _RECORDS = (
                  "logits", "sampling_metadata"),
               # the bonus positions go through the plain sampler (`sampler_v1` hands their
               # processed logprobs over); the draft positions' processed logits are what
-              # `apply_top_k_top_p`, a module global, returns inside the constraints
+              # `apply_top_k_top_p`, a module global (wrapped), returns inside the
+              # constraints
               _s(REJECTION, "RejectionSampler.forward", "self.sampler(",
                  "target_logits = apply_sampling_constraints("),
               _s(REJECTION, "apply_sampling_constraints", "logits.div_(temperature",
                  "return apply_top_k_top_p(logits, top_k, top_p)"),
+              # an all-greedy step returns before them (the profiling run's last verify
+              # step): the wrapper hands those positions' raw logits in that run
+              _s(REJECTION, "apply_sampling_constraints", "if sampling_metadata.all_greedy:"),
+              _f(REJECTION, "apply_top_k_top_p", "logits", "k", "p", until=R33),
+              _f(REJECTION, "apply_top_k_top_p", "logits", "k", "p", "has_topp_only_rows",
+                 since=R33),
               _d("vllm.v1.spec_decode.metadata", "SpecDecodeMetadata", "num_draft_tokens",
                  "target_logits_indices", "bonus_logits_indices"),
           )),

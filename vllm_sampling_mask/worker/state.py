@@ -11,7 +11,8 @@ small object or field:
   asked for support logprobs;
 - `pool`: the pinned host buffers of this runner's mask copies;
 - the open step (`step()`, `open`): one sampler call's `MaskStep`, from plan to
-  copy, closed when the call that samples returns: no mask is kept between calls;
+  copy, closed when the call that samples returns: no mask is kept between calls,
+  and no step opens inside another;
 - the last steady plan (`plan()`): the plan of a step over an unchanged batch,
   keyed by `requests.version`, which the next such step takes as it is (a plan
   says which rows to extract; it holds no mask);
@@ -53,7 +54,8 @@ from vllm_sampling_mask.worker import plan as plans
 from vllm_sampling_mask.worker.capture import ScaledCapture
 from vllm_sampling_mask.worker.plan import StepPlan
 from vllm_sampling_mask.worker.requests import MaskRequests
-from vllm_sampling_mask.worker.step import Extractor, MaskStep
+from vllm_sampling_mask.worker import step as steps
+from vllm_sampling_mask.worker.step import MaskStep
 
 
 class SamplingMaskState:
@@ -98,21 +100,22 @@ class SamplingMaskState:
         return plan
 
     @contextmanager
-    def step(self, plan: StepPlan | None = None, *,
-             extract: Extractor | None = None) -> Iterator[MaskStep]:
-        """Open one sampler call's step (planned now, or later by the sampling
-        path's adapter), for the call that samples; on the way out the step that
-        was open before is open again. `extract` (default: this state's
-        extraction) is what the sampler's adapter hands its processed logits to:
-        a verify step's adapter opens the bonus call's step with its own, which
-        keeps them for the step's one extraction."""
-        step = MaskStep(self.extract if extract is None else extract,
-                        worst_case=self._worst_case, plan=plan)
-        before, self.open = self.open, step
+    def step(self, plan: StepPlan | None = None) -> Iterator[MaskStep]:
+        """Open one sampler call's step (planned now, or later by the runner
+        adapter, before it samples), for the call that samples; closed on the way
+        out. Steps do not nest: a verify step's parts are handed to the one open
+        step (`MaskStep.in_parts`). Inside, it is also this context's open step
+        (`step.open_step()`), for a wrapper with no runner or sampler at hand."""
+        if self.open is not None:
+            raise RuntimeError("a mask step is already open: steps do not nest")
+        step = MaskStep(self.extract, worst_case=self._worst_case, plan=plan)
+        self.open = step
+        token = steps.open_in_context(step)
         try:
             yield step
         finally:
-            self.open = before
+            self.open = None
+            steps.close_in_context(token)
 
     # -- the memory-profiling run -----------------------------------------
 

@@ -17,13 +17,23 @@ What: wraps, in `vllm/v1/worker/gpu/model_runner.py` (the CPU runner inherits
     - `_dummy_sampler_run`: the memory-profiling run extracts inside
       `state.profiling()` (widest rows, one wide-row slot per row), so the KV
       cache is sized with the mask's largest per-step device memory included;
-    - `sample_tokens`: opens the step's `MaskStep` around the call (the
-      sampler plans and extracts into it: `sampler`) and, once it returned,
-      hands the step's started copy to the step's `AsyncOutput` (the declared
-      `AsyncOutput.sampling_mask_copy`, which `async_output` decodes);
-    - `sample`, called inside it: once the sampler extracted the step's mask,
-      starts its `transport.MaskCopy` on the output copy stream (after the main
-      stream, into the state's pinned pool on CUDA) into the step. Upstream's
+    - `sample_tokens`: opens the step's `MaskStep` around the call and, once
+      it returned, hands the step's started copy to the step's `AsyncOutput`
+      (the declared `AsyncOutput.sampling_mask_copy`, which `async_output`
+      decodes);
+    - `sample`, called inside it with the step's input batch: before it
+      samples, plans the step, the one place a Model Runner V2 step is planned
+      (`SamplingMaskState.plan`: the batch's slots, their host-side top-k, and
+      the rows that sample nothing this step, a partial prefill chunk: the host
+      mirror of upstream's own rule in `get_num_sampled_and_rejected`, seq_len
+      < prefill_len, from `InputBatch.seq_lens_cpu_upper_bound` against the
+      sampler's `req_states.prefill_len.np` of the batch's slots,
+      `discarded_rows`; host arrays only, no device sync). The sampler
+      (`sampler`) or, for a verify step, the rejection sampler
+      (`rejection_sampler`) takes that plan and extracts into the step. Once
+      it did, `sample` starts its `transport.MaskCopy` on the output copy
+      stream (after the main stream, into the state's pinned pool on CUDA)
+      into the step. Upstream's
       copy event, recorded on that stream by the `AsyncOutput` built next,
       covers it; the copy holds the device block until it is read. A step
       whose plan masks nothing (`StepPlan.masks_nothing`) starts no copy: it
@@ -36,6 +46,8 @@ Why: the flag is configuration; passing it explicitly where the sampler is
 
 from __future__ import annotations
 
+import numpy as np
+
 from vllm_sampling_mask.config import mask_enabled
 from vllm_sampling_mask.patches.worker._runner import mask_state_for
 from vllm_sampling_mask.errors import MissingSamplingMaskError
@@ -43,6 +55,8 @@ from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.worker.transport import NO_MASKS, MaskCopy
 from vllm_sampling_mask.worker.state import SamplingMaskState
+
+HOP = "GPUModelRunner.sample"
 
 
 def apply(module, release: Release) -> None:
@@ -86,10 +100,17 @@ def apply(module, release: Release) -> None:
 
     @wraps(module, "GPUModelRunner.sample")
     def sample(wrapped, self, args, kwargs):
-        result = wrapped(*args, **kwargs)
-        step = None if self.sampling_mask is None else self.sampling_mask.open
+        state = self.sampling_mask
+        step = None if state is None else state.open
         if step is not None:
-            mask = step.result("GPUModelRunner.sample")
+            input_batch = argument(wrapped, args, kwargs, "input_batch")
+            slots = input_batch.idx_mapping_np
+            step.set_plan(HOP, state.plan(
+                slots, self.sampler.sampling_states.top_k.np[slots],
+                discarded_rows(self.sampler, input_batch), normalise=True))
+        result = wrapped(*args, **kwargs)
+        if step is not None:
+            mask = step.result(HOP)
             if step.plan.masks_nothing:   # no row wanted a mask: nothing to copy
                 step.copy = NO_MASKS
                 self.sampling_mask.steps_without_masks += 1
@@ -121,3 +142,17 @@ def apply(module, release: Release) -> None:
                 f"a mask was extracted but the step returned {type(out).__name__}")
         out.sampling_mask_copy = step.copy
         return out
+
+
+def discarded_rows(sampler, input_batch) -> np.ndarray:
+    """The requests of the batch whose sampled token upstream discards this step
+    (a partial prefill chunk), from host arrays only: upstream's rule (seq_len <
+    prefill_len of the request's slot, `get_num_sampled_and_rejected`) on the
+    step's host-side sequence lengths (`seq_lens_cpu_upper_bound`) and the
+    slots' host-side prefill lengths, the ones the device rule reads. The upper
+    bound is exact for every request the rule can discard: under speculative
+    decoding it also counts drafts, which only a request past its prefill has.
+    Vectorised; no device sync."""
+    slots = input_batch.idx_mapping_np
+    seq_lens = input_batch.seq_lens_cpu_upper_bound.numpy()[: len(slots)]
+    return seq_lens < sampler.req_states.prefill_len.np[slots]
