@@ -31,8 +31,11 @@ from conftest import (SERVER_MAX_MASK_SIZE, SERVER_MAX_NUM_SEQS, assert_supports
                       free_port, hf_logits, host_env, server_runner)
 
 # vLLM's CPU workers bind their OpenMP threads to NUMA nodes; a 2-core host has one
-# node, so two workers need their cores named (one per worker here).
+# node, so two workers need their cores named (one per worker here), and two data
+# parallel ranks their memory node (0.34 gives rank i the i-th visible node, and a
+# rank without one fails in its CPU worker: both share node 0 here).
 BIND = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+MEMORY_NODES = {"data_parallel_2": {"CPU_VISIBLE_MEMORY_NODES": "0,0"}}
 MODES = {
     "tensor_parallel_2": ["--tensor-parallel-size", "2"],
     "data_parallel_2": ["--data-parallel-size", "2"],
@@ -50,7 +53,8 @@ def mode(request, tmp_path_factory):
     """(name, base URL, log path) of one distributed server, started once per mode."""
     from vllm_sampling_mask.tools.demo import serving
     log = tmp_path_factory.mktemp(request.param) / "vllm-serve.log"
-    env = {**BIND, "VLLM_SAMPLING_MASK_DEBUG_STATE": "1", **host_env()}
+    env = {**BIND, **MEMORY_NODES.get(request.param, {}), "VLLM_SAMPLING_MASK_DEBUG_STATE": "1",
+           **host_env()}
     with serving(free_port(), str(log), extra=[*MODES[request.param], *EXTRA],
                  runner=server_runner(), env=env) as base:
         yield request.param, base, log
