@@ -1,5 +1,9 @@
 """What the two runner adapters (`feature/runner`, `feature/runner_v1`) share.
 
+`profile_with_masks(module)` makes the memory-profiling run (`_dummy_sampler_run`)
+extract inside the state's `profiling()`, so the KV cache is sized with the mask's
+widest step included.
+
 `mask_state_for(runner)` builds the runner's `SamplingMaskState` where the mask
 is wanted: the engine flag is on and this worker's `ModelRunnerOutput` is the one
 the executor returns. Under tensor (and prefill-context) parallelism every rank
@@ -13,6 +17,7 @@ rank gets a state.
 from __future__ import annotations
 
 from vllm_sampling_mask.config import mask_enabled
+from vllm_sampling_mask.patches._wrap import wraps
 from vllm_sampling_mask.worker.state import SamplingMaskState
 
 
@@ -34,3 +39,15 @@ def mask_state_for(runner) -> SamplingMaskState | None:
     if not every_rank and not is_output_rank():
         return None
     return SamplingMaskState(runner.max_num_reqs, runner.model_config.sampling_mask_settings.max_size)
+
+
+def profile_with_masks(module) -> None:
+    """Wrap `module.GPUModelRunner._dummy_sampler_run` (either runner): with the
+    runner's state, the run's sampler calls extract inside `state.profiling()`."""
+
+    @wraps(module, "GPUModelRunner._dummy_sampler_run")
+    def _dummy_sampler_run(wrapped, self, args, kwargs):
+        if self.sampling_mask is None:
+            return wrapped(*args, **kwargs)
+        with self.sampling_mask.profiling():
+            return wrapped(*args, **kwargs)

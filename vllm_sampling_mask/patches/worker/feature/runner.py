@@ -49,7 +49,7 @@ from __future__ import annotations
 import numpy as np
 
 from vllm_sampling_mask.config import mask_enabled
-from vllm_sampling_mask.patches.worker._runner import mask_state_for
+from vllm_sampling_mask.patches.worker._runner import mask_state_for, profile_with_masks
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.releases import Release
@@ -91,12 +91,7 @@ def apply(module, release: Release) -> None:
             self.sampling_mask.requests.remove(slot)
         return removed
 
-    @wraps(module, "GPUModelRunner._dummy_sampler_run")
-    def _dummy_sampler_run(wrapped, self, args, kwargs):
-        if self.sampling_mask is None:
-            return wrapped(*args, **kwargs)
-        with self.sampling_mask.profiling():
-            return wrapped(*args, **kwargs)
+    profile_with_masks(module)
 
     @wraps(module, "GPUModelRunner.sample")
     def sample(wrapped, self, args, kwargs):

@@ -46,7 +46,7 @@ Why: the V1 runner is what CPU hosts run natively and what most MoE models get
 from __future__ import annotations
 
 from vllm_sampling_mask.errors import MissingSamplingMaskError
-from vllm_sampling_mask.patches.worker._runner import mask_state_for
+from vllm_sampling_mask.patches.worker._runner import mask_state_for, profile_with_masks
 from vllm_sampling_mask.patches._wrap import wraps
 from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.worker.transport import NO_MASKS, MaskCopy, StepWithoutMasks
@@ -145,9 +145,4 @@ def apply(module, release: Release) -> None:
             output.sampling_mask_step = copy.result(_lengths(output.sampled_token_ids))
         return output
 
-    @wraps(module, "GPUModelRunner._dummy_sampler_run")
-    def _dummy_sampler_run(wrapped, self, args, kwargs):
-        if self.sampling_mask is None:
-            return wrapped(*args, **kwargs)
-        with self.sampling_mask.profiling():
-            return wrapped(*args, **kwargs)
+    profile_with_masks(module)
