@@ -221,6 +221,14 @@ SERVER_MAX_MASK_SIZE = 128
 SERVER_MAX_NUM_SEQS = 8
 
 
+@pytest.fixture(scope="module")
+def before(mask_server):
+    """For the modules that send the shared server bad calls: its answer to one seeded
+    masked request before any of them (`rl_route_checks.serves_as_before` compares)."""
+    from rl_route_checks import seeded_run
+    return seeded_run(mask_server)
+
+
 @pytest.fixture(scope="session")
 def mask_server_log(tmp_path_factory):
     return tmp_path_factory.mktemp("serve") / "vllm-serve.log"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import requests
-from rl_route_checks import refused, seeded_run, serves_as_before
+from rl_route_checks import refused, serves_as_before
 
 from vllm_sampling_mask.patches import REGISTRY
 from vllm_sampling_mask.patches import apply as patching
@@ -28,12 +28,6 @@ pytestmark = pytest.mark.release_tier  # CI runs it on every release
 @pytest.fixture(scope="module")
 def release():
     return patching.upstream_release()
-
-
-@pytest.fixture(scope="module")
-def before(mask_server):
-    """The seeded masked request's tokens and masks before any bad call."""
-    return seeded_run(mask_server)
 
 
 def abort_paths(release) -> list[str]:

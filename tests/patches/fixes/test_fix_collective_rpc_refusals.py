@@ -15,17 +15,11 @@ from __future__ import annotations
 
 import pytest
 import requests
-from rl_route_checks import refused, seeded_run, serves_as_before
+from rl_route_checks import refused, serves_as_before
 
 from vllm_sampling_mask.http.rpc_check import rpc_problem
 
 pytestmark = pytest.mark.release_tier  # CI runs it on every release
-
-
-@pytest.fixture(scope="module")
-def before(mask_server):
-    """The seeded masked request's tokens and masks before any bad call."""
-    return seeded_run(mask_server)
 
 
 RELOAD = "reload_weights"

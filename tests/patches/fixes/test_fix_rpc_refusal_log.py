@@ -9,15 +9,9 @@ import time
 
 import pytest
 import requests
-from rl_route_checks import refused, seeded_run, serves_as_before
+from rl_route_checks import refused, serves_as_before
 
 pytestmark = pytest.mark.release_tier  # CI runs it on every release
-
-
-@pytest.fixture(scope="module")
-def before(mask_server):
-    """The seeded masked request's tokens and masks before any bad call."""
-    return seeded_run(mask_server)
 
 
 def test_a_refused_reload_logs_one_line_per_process(mask_server, mask_server_log, before):

@@ -10,15 +10,9 @@ from __future__ import annotations
 
 import pytest
 import requests
-from rl_route_checks import seeded_run, serves_as_before
+from rl_route_checks import serves_as_before
 
 pytestmark = pytest.mark.release_tier  # CI runs it on every release
-
-
-@pytest.fixture(scope="module")
-def before(mask_server):
-    """The seeded masked request's tokens and masks before any bad call."""
-    return seeded_run(mask_server)
 
 
 def test_a_body_that_is_no_object_is_a_400(mask_server, before):
