@@ -28,8 +28,6 @@ NOT_YET = {
                                   "switch, shares its engine), "
                                   "tests/integrations/test_trl_integration.py",
     "cpu_generator_rewind": "tests/llm/test_engine.py (one test of many on its engines)",
-    "cpu_moe_float32_amx": "tests/llm/test_moe_router_replay.py (its engine starts only "
-                           "with the fix on an AMX CPU, 0.27.1; no test asserts it alone)",
     "cpu_reload_tied_lm_head": "tests/server/test_weight_update.py (its servers' "
                                "new-weight checks)",
 }
