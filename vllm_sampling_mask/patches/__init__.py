@@ -1092,6 +1092,21 @@ _RECORDS = (
                  "valid_sampled_token_ids[int(i)].clear()",
                  "invalid_req_indices = discard_sampled_tokens_req_indices.tolist()"),
           )),
+    Patch("runner_coverage", ("vllm.v1.worker.gpu_worker",), WORKER, F,
+          NONE_KNOWN + "a model runner that returns no mask refuses the flag at start",
+          "every model runner vLLM can pick carries the mask or refuses the flag itself",
+          after=("cpu_colocated_load_weights",),
+          change=("the engine refuses to start, naming the model runner, where no "
+                  "adapter extracts masks from it (0.34's `StandaloneCPUModelRunner`, "
+                  "a CPU host without Triton)"),
+          seams=(
+              _f("vllm.v1.worker.gpu_worker", "Worker.load_model", "self",
+                 "load_dummy_weights"),
+              # the runner the check reads is built before the model is loaded
+              _s("vllm.v1.worker.gpu_worker", "Worker.load_model",
+                 "self.model_runner.load_model("),
+              _s("vllm.v1.worker.cpu_worker", "CPUWorker.init_device", "self.model_runner"),
+          )),
     Patch("scheduler", ("vllm.v1.core.sched.scheduler",), CORE, F, MASK_PR,
           ("upstream's `EngineCoreOutput` mask (vLLM #49577, since 0.28) carries the "
            "overlay's block, the size-limit reason and the support logprobs; from "

@@ -54,6 +54,7 @@ from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.worker.transport import NO_MASKS, MaskCopy
+from vllm_sampling_mask.worker.coverage import cover
 from vllm_sampling_mask.worker.state import SamplingMaskState
 
 HOP = "GPUModelRunner.sample"
@@ -64,6 +65,7 @@ def apply(module, release: Release) -> None:
     from vllm.v1.worker.gpu.sample.sampler import Sampler
 
     module.GPUModelRunner.sampling_mask: SamplingMaskState | None = None
+    cover(module.GPUModelRunner)
 
     @wraps(module, "GPUModelRunner.load_model")
     def load_model(wrapped, self, args, kwargs):

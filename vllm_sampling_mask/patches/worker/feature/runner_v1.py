@@ -50,6 +50,7 @@ from vllm_sampling_mask.patches.worker._runner import mask_state_for, profile_wi
 from vllm_sampling_mask.patches._wrap import wraps
 from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.worker.transport import NO_MASKS, MaskCopy, StepWithoutMasks
+from vllm_sampling_mask.worker.coverage import cover
 from vllm_sampling_mask.worker.state import SamplingMaskState
 
 
@@ -76,6 +77,7 @@ def apply(module, release: Release) -> None:
     Runner = module.GPUModelRunner
     AsyncOutput = module.AsyncGPUModelRunnerOutput
     Runner.sampling_mask: SamplingMaskState | None = None
+    cover(Runner)
     AsyncOutput.sampling_mask_copy: MaskCopy | StepWithoutMasks | None = None
 
     @wraps(module, "GPUModelRunner.__init__")
