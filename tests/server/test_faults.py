@@ -57,7 +57,8 @@ from vllm_sampling_mask.tools.demo import serving
 HANG = 30.0          # s: a client still without an answer by then hangs
 ABORT_HANG = 10.0    # s: the same, for requests SIGTERM aborts (an abort takes ms)
 ANSWERED = 5.0       # s: a request pending at shutdown is answered by then (takes ms)
-EXIT_PROMPT = 20.0   # s: after SIGTERM, the server tree is gone by then (took < 5 s)
+EXIT_PROMPT = 20.0   # s: the server tree is gone by then (took 9 s on 0.34, < 5 s on 0.32), from
+                     # SIGTERM, or draining from the drain's end (`Fault.shutdown_from`)
 EXIT_BOUND = 60.0    # s: the server's process tree is gone by then
 ENGINE_DEAD = "EngineCore encountered an issue"
 
@@ -304,6 +305,15 @@ class Fault:
     exited_after: float | None = None
     left_alive: list = field(default_factory=list)
 
+    def shutdown_from(self) -> float:
+        """Seconds from SIGTERM to where the shutdown starts: at once when aborting;
+        draining, once the engine has run the in-flight requests to their end (the last
+        answered), which takes as many steps as they had left, a property of the
+        release's step time (Model Runner V2 under Triton's interpreter: ~0.3 s)."""
+        if "during_drain" not in self.clients:
+            return 0.0
+        return max(c.waited(self.fault_at) for c in self.clients["in_flight"])
+
     def summary(self, title: str) -> str:
         """What happened, in figures (printed; `pytest -s` shows it)."""
         lines = [f"{title}: exit code {self.exit_code} after "
@@ -543,7 +553,8 @@ def test_sigterm_aborting_answers_every_in_flight_request(aborted):
 def test_sigterm_stops_the_whole_process_tree_cleanly(terminated):
     assert terminated.exited_after is not None, "vllm serve still running"
     # at once: not after some client gave up (upstream waited for every one)
-    assert terminated.exited_after < EXIT_PROMPT, terminated.exited_after
+    assert terminated.exited_after - terminated.shutdown_from() < EXIT_PROMPT, \
+        (terminated.exited_after, terminated.shutdown_from())
     answered = [c.ended_at - terminated.fault_at
                 for clients in terminated.clients.values() for c in clients]
     assert max(answered) < terminated.exited_after, answered
