@@ -107,14 +107,15 @@ def apply(module, release: Release) -> None:
         if step is not None:
             mask = step.result(HOP)
             if step.plan.masks_nothing:   # no row wanted a mask: nothing to copy
-                step.copy = NO_MASKS
+                step.set_copy(HOP, NO_MASKS)
                 self.sampling_mask.steps_without_masks += 1
                 return result
             main, copy_stream = self.main_stream, self.output_copy_stream
             with async_utils.stream(copy_stream, main):
                 copy_stream.wait_stream(main)
                 on_cuda = mask.block.device.type == "cuda"
-                step.copy = MaskCopy(mask, self.sampling_mask.pool if on_cuda else None)
+                step.set_copy(HOP, MaskCopy(mask, self.sampling_mask.pool if on_cuda
+                                            else None))
         return result
 
     @wraps(module, "GPUModelRunner.sample_tokens")
