@@ -29,6 +29,7 @@ import struct
 
 import numpy as np
 
+from vllm_sampling_mask.formats.packed_wire import offsets_of_counts
 from vllm_sampling_mask.frontend.sampling_mask import SamplingMask
 
 
@@ -39,16 +40,6 @@ def _nbytes(buffer) -> int:
 def _unmatched(total: int, ids: int) -> ValueError:
     """The error of supports whose counts do not add up to the ids that came."""
     return ValueError(f"MaskAccumulator: counts add up to {total}, not the {ids} ids appended")
-
-
-def _offsets(counts: np.ndarray, ids: int) -> np.ndarray:
-    """The offsets (int64, from 0) of supports of `counts` ids each, which must
-    add up to the `ids` that came with them."""
-    offsets = np.zeros(len(counts) + 1, np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    if offsets[-1] != ids:
-        raise _unmatched(int(offsets[-1]), ids)
-    return offsets
 
 
 # the wire's item types, made once (`np.frombuffer` parses a dtype string each call)
@@ -315,7 +306,8 @@ class ReadOnceMasks(MaskAccumulator):
                 raise _unmatched(count, len(ids))
             offsets = np.array((0, count), np.int64)
         else:
-            offsets = _offsets(np.frombuffer(counts, "<i4"), len(ids))
+            offsets = offsets_of_counts(np.frombuffer(counts, "<i4"), len(ids),
+                                        owner="MaskAccumulator")
         if not self.with_logprobs:
             return SamplingMask._of(ids, offsets)
         return SamplingMask._of(ids, offsets, np.frombuffer(_joined(span.logprobs), "<f4"),
@@ -331,7 +323,7 @@ class ReadOnceMasks(MaskAccumulator):
         before `first` are dropped (a read-once mask never hands them out), those
         from `last` on stay pending."""
         ids, counts, logprobs, log_kept = self._pending.arrays()
-        offsets = _offsets(counts, len(ids))
+        offsets = offsets_of_counts(counts, len(ids), owner="MaskAccumulator")
         cut = [0, first - self._taken, last - self._taken, len(counts)]
         at = [int(offsets[c]) for c in cut]
 
