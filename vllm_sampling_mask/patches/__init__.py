@@ -10,7 +10,7 @@ entry types of `patches.seams`, each over a span of releases). Each hop writes i
 patches' records beside their modules, in `patches/<hop>/records.py`; a record is the one
 place those are written. Where two patches wrap the same upstream function, the outer one
 declares `after=` the inner one (`tests/patches/test_registry.py` fails on an undeclared
-stack), and `patches.apply` applies them in that order. `docs/design.md`'s patch tables
+stack), and `patches.apply` applies them in that order. `docs/patches.md`'s patch tables
 and `docs/releases.md`'s record spans are written from the records, in `ORDER`
 (`python -m vllm_sampling_mask.tools.patch_docs`).
 

@@ -52,7 +52,7 @@ class Patch:
     since: str | None = None     # the first release it is applied on (None: the oldest)
     until: str | None = None     # the release that no longer needs it (None: none yet)
     after: tuple[str, ...] = ()  # patches whose wrappers this one wraps (applied first)
-    change: str = ""             # what it changes for the user (docs/design.md's tables)
+    change: str = ""             # what it changes for the user (docs/patches.md's tables)
     seams: tuple[Entry, ...] = ()  # what it relies on upstream, every release's entries
 
     @property
