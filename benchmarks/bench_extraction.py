@@ -287,7 +287,7 @@ def run_impl(args) -> None:
 
 def run_on_host(args) -> None:
     """`extract_on_host` compiled against numpy, taking turns on the same logits."""
-    from vllm_sampling_mask.worker import extraction
+    from vllm_sampling_mask.worker.extraction import host as extraction
     from vllm_sampling_mask.worker.extraction import extract_on_host
 
     compiled = extraction._supports_native

@@ -10,7 +10,7 @@ per row, the mean over `--repeats` calls of:
                      with the sampler's tokens, no support logprobs; where the
                      compiled pass is built it also checks the drawn tokens)
     drawn by numpy   the same with int32 tokens, which the compiled pass leaves to
-                     numpy (`extraction._numpy_drawn`: the path before it took them)
+                     numpy (`extraction.host._numpy_drawn`: the path before it took them)
   flatnonzero        its vocabulary-wide pass alone (`isfinite` then `flatnonzero`)
   word scan          an alternative tried for that pass: `flatnonzero` over 8-byte
                      words, then only the words that hold an id (not used: slower)

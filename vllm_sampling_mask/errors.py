@@ -1,7 +1,7 @@
 """Every exception the overlay raises, in one module.
 
-Importing this module imports nothing of vLLM: `MissingSamplingMaskError` and
-`UpstreamVersionError` are plain classes (the vLLM-free state and the version
+Importing this module imports nothing of vLLM: `MissingSamplingMaskError`,
+`MaskStepOrderError` and `UpstreamVersionError` are plain classes (the vLLM-free state and the version
 guard raise them). The client errors derive from vLLM's exception classes (so
 vLLM's server answers them with HTTP 400), and are built on first access:
 `errors.SamplingMaskRequestError`, `errors.RequestInputError`,
@@ -28,6 +28,19 @@ class MissingSamplingMaskError(RuntimeError):
             f"sampling mask missing at {hop}: {detail}. The engine was started with "
             "return_sampling_mask, so every hop must carry a mask; this is a bug in "
             "vllm_sampling_mask or an upstream change it does not know about.")
+        self.hop = hop
+
+
+class MaskStepOrderError(RuntimeError):
+    """A hop of the mask's path set a stage of one sampler step that was already set
+    (`worker.step.MaskStep`: each stage is set once, by the hop that owns it)."""
+
+    def __init__(self, hop: str, detail: str) -> None:
+        super().__init__(
+            f"sampling mask step out of order at {hop}: {detail}. Each stage of a step "
+            "(plan, capture, parts, mask, copy) is set once per sampler call; this is a "
+            "bug in vllm_sampling_mask or an upstream change that calls a hop twice in "
+            "one step.")
         self.hop = hop
 
 

@@ -59,7 +59,7 @@ def test_each_record_names_its_module_kind_span_and_upstream(name):
     header = module.__doc__ or ""
     assert "What" in header, f"{name}: header incomplete"
     # remove-when, the change and the seams are written once, in the record
-    # (docs/design.md's tables are written from it: tests/tools/test_patch_docs.py)
+    # (docs/patches.md's tables are written from it: tests/tools/test_patch_docs.py)
     assert "Remove when" not in header, f"{name}: remove-when belongs in its record"
     assert record.change.strip(), f"{name}: the record says what it changes (`change=`)"
     assert record.seams, f"{name}: no seams"

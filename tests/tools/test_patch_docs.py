@@ -1,4 +1,4 @@
-"""The docs' patch tables are written from the patch records (`patch_docs`): design.md's
+"""The docs' patch tables are written from the patch records (`patch_docs`): patches.md's
 table per kind and releases.md's record spans say what the records say, and go stale,
 failing here, as soon as a record changes without `python -m
 vllm_sampling_mask.tools.patch_docs` being run."""
@@ -29,13 +29,13 @@ def _with(name: str, monkeypatch, **changes) -> None:
 
 
 def test_a_changed_record_makes_its_tables_stale(monkeypatch):
-    # what a patch changes: design.md's row
+    # what a patch changes: patches.md's row
     _with("top_p_one_rows", monkeypatch, change="something else")
-    assert patch_docs.stale(ROOT) == ["docs/design.md"]
+    assert patch_docs.stale(ROOT) == ["docs/patches.md"]
     monkeypatch.undo()
     # a span: both pages (the patch table's releases column, the spans table's row)
     _with("cpu_seeded_sampling", monkeypatch, until="0.30.0")
-    assert patch_docs.stale(ROOT) == ["docs/design.md", "docs/releases.md"]
+    assert patch_docs.stale(ROOT) == ["docs/patches.md", "docs/releases.md"]
     assert "0.24.0-0.29.0 (until 0.30.0)" in patch_docs.spans_table()
     monkeypatch.undo()
     assert patch_docs.stale(ROOT) == []
@@ -45,15 +45,15 @@ def test_the_check_fails_on_a_stale_page_and_the_tool_rewrites_it(tmp_path):
     for page in patch_docs.BLOCKS:
         os.makedirs(tmp_path / os.path.dirname(page), exist_ok=True)
         shutil.copy(os.path.join(ROOT, page), tmp_path / page)
-    design = tmp_path / "docs" / "design.md"
-    text = design.read_text()
+    table_page = tmp_path / "docs" / "patches.md"
+    text = table_page.read_text()
     row = next(line for line in text.splitlines() if line.startswith("| top_p_one_rows |"))
-    design.write_text(text.replace(row, row.replace("worker", "engine core", 1)))
+    table_page.write_text(text.replace(row, row.replace("worker", "engine core", 1)))
     tool = [sys.executable, "-m", "vllm_sampling_mask.tools.patch_docs", "--root", str(tmp_path)]
     check = subprocess.run([*tool, "--check"], capture_output=True, text=True)
-    assert check.returncode == 1 and "docs/design.md" in check.stdout, check.stdout
+    assert check.returncode == 1 and "docs/patches.md" in check.stdout, check.stdout
     assert subprocess.run(tool, capture_output=True, text=True).returncode == 0
-    assert design.read_text() == text
+    assert table_page.read_text() == text
     assert subprocess.run([*tool, "--check"], capture_output=True).returncode == 0
 
 

@@ -138,7 +138,8 @@ def test_empty_batch():
 
 def _launch_keys(logits, top_k, wanted, settings=ExtractionSettings()):
     """The specialisation keys of the launches `extract_selected` would make."""
-    from vllm_sampling_mask.worker.extraction import HEADER, _launches, specialisation
+    from vllm_sampling_mask.worker.extraction import HEADER
+    from vllm_sampling_mask.worker.extraction.kernels import _launches, specialisation
     rows = None if wanted.all() else np.flatnonzero(wanted)
     layout = plan_layout(top_k if rows is None else top_k[rows], logits.shape[1])
     block = torch.empty(HEADER + layout.numel, dtype=torch.int32, device=logits.device)
@@ -225,8 +226,9 @@ _COMPILE_FOR_SM90 = r"""
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from vllm_sampling_mask.worker import extraction as e
-V, CHUNK = 151936, e.KERNEL_CHUNK
+from vllm_sampling_mask.worker.extraction import DEFAULT_SETTINGS
+from vllm_sampling_mask.worker.extraction import kernels as e
+V, CHUNK = 151936, DEFAULT_SETTINGS.kernel_chunk
 n_chunks, wpc = triton.cdiv(V, CHUNK), CHUNK // 32
 target = GPUTarget("cuda", 90, 32)
 for dt in ("bf16", "fp16", "fp32"):

@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_sampling_mask.worker import extraction
+from vllm_sampling_mask.worker.extraction import host as extraction
 
 native = extraction._supports_native
 needs_native = pytest.mark.skipif(

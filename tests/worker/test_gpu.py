@@ -172,9 +172,9 @@ def test_copies_land_in_reused_pinned_buffers_without_blocking():
 
 
 def _compiled_variants() -> int:
-    from vllm_sampling_mask.worker import extraction
+    from vllm_sampling_mask.worker.extraction import kernels
     total = 0
-    for kernel in (extraction._chunk_pass, extraction._place_pass):
+    for kernel in (kernels._chunk_pass, kernels._place_pass):
         for cache in kernel.device_caches.values():
             total += len(cache[0])
     return total

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_sampling_mask.errors import MissingSamplingMaskError
+from vllm_sampling_mask.errors import MaskStepOrderError, MissingSamplingMaskError
 from vllm_sampling_mask.worker.extraction import ExtractionSettings
 from vllm_sampling_mask.worker.transport import MaskCopy
 from vllm_sampling_mask.worker import plan as plans
@@ -179,7 +179,7 @@ def test_a_step_is_open_only_around_its_call_and_each_stage_names_its_hop():
     with state.step(plan) as step:
         with pytest.raises(MissingSamplingMaskError, match="plan is for 2 rows.*has 3"):
             step.planned("Sampler.sample", 3)
-        with pytest.raises(MissingSamplingMaskError, match="at GPUModelRunner.sample.*twice"):
+        with pytest.raises(MaskStepOrderError, match="at GPUModelRunner.sample.*twice"):
             step.set_plan("GPUModelRunner.sample", plan)
         assert step.planned("Sampler.sample", 2) is plan and step.capture is None
         mask = step.extract("Sampler.sample", logits)

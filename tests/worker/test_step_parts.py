@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_sampling_mask.errors import MissingSamplingMaskError
+from vllm_sampling_mask.errors import MaskStepOrderError, MissingSamplingMaskError
 from vllm_sampling_mask.worker import plan as plans
 from vllm_sampling_mask.worker.extraction import ExtractionSettings
 from vllm_sampling_mask.worker.state import SamplingMaskState
 from vllm_sampling_mask.worker.step import MaskStep, open_step
-from vllm_sampling_mask.worker.transport import MaskCopy
+from vllm_sampling_mask.worker.transport import NO_MASKS, MaskCopy
 
 FORMS = {"host form": ExtractionSettings(),
          "block": ExtractionSettings(implementation="host")}
@@ -147,23 +147,26 @@ def test_each_stage_is_set_once_except_in_the_profiling_run():
     unasked = plans.plan(np.ones(3, bool), np.zeros(3, bool), np.full(3, 8))
     with state.step(unasked) as step:   # no row asked: no capture, planned once all the same
         step.planned("sampler", 3)
-        with pytest.raises(MissingSamplingMaskError, match="at sampler: .*capture was set twice"):
+        with pytest.raises(MaskStepOrderError, match="at sampler: .*capture was set twice"):
             step.planned("sampler", 3)
     with state.step(request) as step:
-        with pytest.raises(MissingSamplingMaskError, match="at the runner: .*planned twice"):
+        with pytest.raises(MaskStepOrderError, match="at the runner: .*planned twice"):
             step.set_plan("the runner", request)
         step.planned(HOP, 8, normalise=True, request_rows=request_rows)
-        with pytest.raises(MissingSamplingMaskError, match="at sampler: .*capture was set twice"):
+        with pytest.raises(MaskStepOrderError, match="at sampler: .*capture was set twice"):
             step.planned("sampler", 8, normalise=True, request_rows=request_rows)
         step.in_parts(HOP, {BONUS: bonus, DRAFTS: drafts})
-        with pytest.raises(MissingSamplingMaskError, match="at again: .*parts was set twice"):
+        with pytest.raises(MaskStepOrderError, match="at again: .*parts was set twice"):
             step.in_parts("again", {BONUS: bonus, DRAFTS: drafts})
         step.capture.record(logits)
         step.extract(HOP, logits)
-        with pytest.raises(MissingSamplingMaskError, match="at again: .*mask was set twice"):
+        with pytest.raises(MaskStepOrderError, match="at again: .*mask was set twice"):
             step.extract("again", logits)
-        with pytest.raises(MissingSamplingMaskError, match="at again: .*mask was set twice"):
+        with pytest.raises(MaskStepOrderError, match="at again: .*mask was set twice"):
             step.no_mask_rows("again", step.mask)
+        step.set_copy(HOP, NO_MASKS)
+        with pytest.raises(MaskStepOrderError, match="at again: .*copy was set twice"):
+            step.set_copy("again", NO_MASKS)
     # upstream's dummy run samples, then verifies twice, inside one profiling step:
     # each call plans every row and extracts afresh
     with state.profiling() as step:

@@ -117,7 +117,8 @@ except ImportError:          # not built (no C compiler at install): numpy and P
 __all__ = ["encode_floats", "decode_floats", "PACKED_FORMAT", "PACKED_FORMAT_V1",
            "PACKED_FORMATS", "MASK_FORMATS", "encode_packed", "encode_packed_v1",
            "decode_packed", "encode_varints", "decode_varints", "b85encode", "b85decode",
-           "is_packed", "lists_json", "packed_json", "NATIVE", "LISTS_JSON", "PACKED_JSON"]
+           "is_packed", "lists_json", "packed_json", "offsets_of_counts", "NATIVE",
+           "LISTS_JSON", "PACKED_JSON"]
 
 PACKED_FORMAT = "packed-rice-v2"           # what `encode_packed` writes
 PACKED_FORMAT_V1 = "packed-varint-v1"      # the earlier layout, still decoded
@@ -325,13 +326,25 @@ def _read_varint(raw: bytes, at: int) -> tuple[int, int]:
 
 # -- shared: the layout's inputs ------------------------------------------------
 
+def offsets_of_counts(counts, ids: int | None = None, *,
+                      owner: str = "packed sampling mask") -> np.ndarray:
+    """The offsets (int64 [T + 1], from 0) of supports of `counts` ids each, back to
+    back (`SamplingMask.offsets`). With `ids`, the counts must add up to that many:
+    else a ValueError naming `owner`."""
+    counts = np.asarray(counts).astype(np.int64, copy=False).reshape(-1)
+    offsets = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    if ids is not None and offsets[-1] != ids:
+        raise ValueError(f"{owner}: counts add up to {int(offsets[-1])}, not the {ids} ids "
+                         "given")
+    return offsets
+
+
 def _offsets_of(ids: np.ndarray, counts, offsets) -> np.ndarray:
+    """The mask's offsets from its `counts` or as given, checked against its ids."""
     if offsets is None:
-        counts = np.asarray(counts).astype(np.int64, copy=False).reshape(-1)
-        offsets = np.zeros(len(counts) + 1, np.int64)
-        np.cumsum(counts, out=offsets[1:])
-    else:
-        offsets = np.asarray(offsets).astype(np.int64, copy=False).reshape(-1)
+        return offsets_of_counts(counts, len(ids))
+    offsets = np.asarray(offsets).astype(np.int64, copy=False).reshape(-1)
     if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(ids):
         raise _error(f"the supports hold {int(offsets[-1]) if len(offsets) else 0} ids, "
                      f"{len(ids)} given")
@@ -575,9 +588,7 @@ def encode_packed(ids: np.ndarray, counts: np.ndarray | None = None, *,
     (`SamplingMask.offsets`, length T + 1)."""
     if _packed_native is not None:
         if offsets is None and counts is not None:
-            counts = np.asarray(counts).reshape(-1)
-            offsets = np.zeros(len(counts) + 1, np.int64)
-            np.cumsum(counts, out=offsets[1:])
+            offsets = offsets_of_counts(counts)
         # None: not 1-D C-ordered int32 ids and int64 offsets (the arrays of a
         # `SamplingMask`), or not a valid mask: the encoders below take it
         data = _packed_native.encode_v2(ids, offsets)

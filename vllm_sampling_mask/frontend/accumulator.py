@@ -8,7 +8,9 @@ nothing); the next `mask` joins what arrived since the last one into the flat
 arrays in one go (one `bytes.join` and one `np.frombuffer` per field), and
 returns any span of tokens as a `SamplingMask` without copying the ids.
 
-A stream's accumulator (`keep=False`, a DELTA request's) hands each token out once,
+`MaskAccumulator(with_logprobs, keep)` makes one of two kinds. `KeptMasks`
+(`keep=True`: cumulative and final outputs) joins what arrived into flat arrays and
+hands out any span again. `ReadOnceMasks` (`keep=False`, a DELTA request's) hands each token out once,
 in order: its `mask` makes the span's arrays straight from what arrived since the
 last one (one `np.frombuffer` per field) and keeps nothing, as no later output
 reads those tokens again. `newest(n)` is the DELTA output's read in one call: a
@@ -27,6 +29,7 @@ import struct
 
 import numpy as np
 
+from vllm_sampling_mask.formats.packed_wire import offsets_of_counts
 from vllm_sampling_mask.frontend.sampling_mask import SamplingMask
 
 
@@ -37,16 +40,6 @@ def _nbytes(buffer) -> int:
 def _unmatched(total: int, ids: int) -> ValueError:
     """The error of supports whose counts do not add up to the ids that came."""
     return ValueError(f"MaskAccumulator: counts add up to {total}, not the {ids} ids appended")
-
-
-def _offsets(counts: np.ndarray, ids: int) -> np.ndarray:
-    """The offsets (int64, from 0) of supports of `counts` ids each, which must
-    add up to the `ids` that came with them."""
-    offsets = np.zeros(len(counts) + 1, np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    if offsets[-1] != ids:
-        raise _unmatched(int(offsets[-1]), ids)
-    return offsets
 
 
 # the wire's item types, made once (`np.frombuffer` parses a dtype string each call)
@@ -84,42 +77,65 @@ def _raw(values, dtype) -> bytes | np.ndarray:
     return np.ascontiguousarray(values, dtype=dtype).reshape(-1)
 
 
+class _Pending:
+    """What `append` kept that no flat array or span has taken yet: one list of parts
+    per field (each part the engine core's bytes or an array) and their tokens."""
+
+    __slots__ = ("ids", "counts", "logprobs", "log_kept", "tokens")
+
+    def __init__(self, ids: list, counts: list, logprobs: list, log_kept: list,
+                 tokens: int) -> None:
+        self.ids, self.counts, self.logprobs, self.log_kept = ids, counts, logprobs, log_kept
+        self.tokens = tokens
+
+    @classmethod
+    def empty(cls) -> _Pending:
+        return cls([], [], [], [], 0)
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """(ids, counts, logprobs, log_kept), each field's parts as one array."""
+        return tuple(np.frombuffer(b"".join(parts), dtype)
+                     for parts, dtype in ((self.ids, _I4), (self.counts, _I4),
+                                          (self.logprobs, _F4), (self.log_kept, _F4)))
+
+
 class MaskAccumulator:
-    """`with_logprobs`: the request asked for support logprobs; each `append`
-    then carries them (float32 aligned with the ids, and log S per token).
-    `keep`: spans may be read again (cumulative and final outputs); False for a
-    DELTA request, whose spans are read once each, in order (a span starting
-    before the end of the last one read raises)."""
+    """One request's supports. `with_logprobs`: the request asked for support
+    logprobs; each `append` then carries them (float32 aligned with the ids, and log
+    S per token). `keep`: spans may be read again (cumulative and final outputs:
+    a `KeptMasks`); False for a DELTA request, whose spans are read once each, in
+    order (a `ReadOnceMasks`: a span starting before the end of the last one read
+    raises)."""
+
+    keep: bool
+
+    def __new__(cls, with_logprobs: bool = False, keep: bool = True):
+        if cls is MaskAccumulator:
+            cls = KeptMasks if keep else ReadOnceMasks
+        return super().__new__(cls)
 
     def __init__(self, with_logprobs: bool = False, keep: bool = True) -> None:
-        ids, tokens = (256, 64) if keep else (0, 0)   # a read-once mask keeps no arrays
-        self._ids = np.empty(ids, dtype=np.int32)
-        self._offsets = np.zeros(tokens + 1, dtype=np.int64)
-        self._tokens = 0                 # tokens in the flat arrays (read once: handed out)
         self.with_logprobs = with_logprobs
-        self._logprobs = np.empty(ids if with_logprobs else 0, dtype=np.float32)
-        self._log_kept = np.empty(tokens if with_logprobs else 0, dtype=np.float32)
-        # appended, not yet in the flat arrays: one list per field, and their tokens
-        self._pending: tuple[list, list, list, list] = ([], [], [], [])
-        self._pending_tokens = 0
-        self.reason: str | None = None   # why the mask stopped (None: it did not)
-        self._unmasked = 0               # tokens counted after the stop
-        self.keep = keep
+        self._pending = _Pending.empty()   # appended, not yet taken
+        # tokens no longer pending: in the flat arrays (kept) or handed out (read once)
+        self._taken = 0
+        self.reason: str | None = None     # why the mask stopped (None: it did not)
+        self._unmasked = 0                 # tokens counted after the stop
 
     def __len__(self) -> int:
         """Tokens so far, those after a stop included."""
-        return self._tokens + self._pending_tokens + self._unmasked
+        return self._taken + self._pending.tokens + self._unmasked
 
     @property
     def first_readable(self) -> int:
         """The first token a span may start at: 0 while spans may be read again,
         else the end of the last span read."""
-        return 0 if self.keep else self._tokens
+        return 0 if self.keep else self._taken
 
     @property
     def stopped_at(self) -> int | None:
         """The first token without a mask, or None while every token has one."""
-        return None if self.reason is None else self._tokens + self._pending_tokens
+        return None if self.reason is None else self._taken + self._pending.tokens
 
     def stop(self, reason: str) -> None:
         """No mask from the next token on (the first reason is kept)."""
@@ -144,7 +160,7 @@ class MaskAccumulator:
         else:
             ids, counts = _raw(ids, "<i4"), _raw(counts, "<i4")
             n = _nbytes(counts) // 4
-        ids_, counts_, logprobs_, log_kept_ = self._pending
+        pending = self._pending
         if self.with_logprobs:
             k = _nbytes(ids) // 4
             if logprobs is None or log_kept is None:
@@ -154,55 +170,76 @@ class MaskAccumulator:
             if _nbytes(logprobs) != 4 * k or _nbytes(log_kept) != 4 * n:
                 raise ValueError(f"MaskAccumulator: {k} ids and {n} tokens need as many "
                                  "support logprobs and log S values")
-            logprobs_.append(logprobs)
-            log_kept_.append(log_kept)
-        ids_.append(ids)
-        counts_.append(counts)
-        self._pending_tokens += n
+            pending.logprobs.append(logprobs)
+            pending.log_kept.append(log_kept)
+        pending.ids.append(ids)
+        pending.counts.append(counts)
+        pending.tokens += n
+
+    def mask(self, first: int = 0, last: int | None = None) -> SamplingMask | None:
+        """The supports of tokens [first, last) as a SamplingMask; None when the
+        span reaches a token past a stop (`reason` says why)."""
+        raise NotImplementedError
+
+    def newest(self, n: int) -> SamplingMask | None:
+        """`mask` of the last `n` tokens (a DELTA output's): `mask(len(self) - n)`."""
+        return self.mask(len(self) - n)
+
+
+class KeptMasks(MaskAccumulator):
+    """Spans read again: what arrived is joined, at the next `mask`, into flat arrays
+    (ids, offsets per token; support logprobs and log S when asked) that grow
+    amortised, and each span is a view of them."""
+
+    keep = True
+
+    def __init__(self, with_logprobs: bool = False, keep: bool = True) -> None:
+        super().__init__(with_logprobs)
+        self._ids = np.empty(256, dtype=np.int32)
+        self._offsets = np.zeros(64 + 1, dtype=np.int64)
+        self._logprobs = np.empty(256 if with_logprobs else 0, dtype=np.float32)
+        self._log_kept = np.empty(64 if with_logprobs else 0, dtype=np.float32)
 
     def _flush(self) -> None:
         """Join what `append` kept into the flat arrays (amortised O(new ids))."""
-        if not self._pending[1]:
+        pending = self._pending
+        if not pending.counts:
             return
         ids, counts, logprobs, log_kept = (
             None if not parts else np.frombuffer(parts[0] if len(parts) == 1
                                                  else b"".join(parts), dtype=dtype)
-            for parts, dtype in zip(self._pending, ("<i4", "<i4", "<f4", "<f4")))
-        self._pending = ([], [], [], [])
+            for parts, dtype in ((pending.ids, _I4), (pending.counts, _I4),
+                                 (pending.logprobs, _F4), (pending.log_kept, _F4)))
+        self._pending = _Pending.empty()
         n, k = len(counts), len(ids)
         total = int(counts[0]) if n == 1 else int(counts.sum())
         if total != k:
             raise _unmatched(total, k)
-        start = self._offsets[self._tokens]
+        start = self._offsets[self._taken]
         if start + k > len(self._ids):
             self._ids = np.resize(self._ids, max(2 * len(self._ids), start + k))
             if self.with_logprobs:
                 self._logprobs = np.resize(self._logprobs, len(self._ids))
-        if self._tokens + n + 1 > len(self._offsets):
+        if self._taken + n + 1 > len(self._offsets):
             self._offsets = np.resize(self._offsets, max(2 * len(self._offsets),
-                                                         self._tokens + n + 1))
+                                                         self._taken + n + 1))
             if self.with_logprobs:
                 self._log_kept = np.resize(self._log_kept, len(self._offsets))
         self._ids[start:start + k] = ids
         if self.with_logprobs:
             self._logprobs[start:start + k] = logprobs
-            self._log_kept[self._tokens:self._tokens + n] = log_kept
+            self._log_kept[self._taken:self._taken + n] = log_kept
         if n == 1:      # one token a step (a stream's usual flush)
-            self._offsets[self._tokens + 1] = start + k
+            self._offsets[self._taken + 1] = start + k
         else:
-            np.cumsum(counts, out=self._offsets[self._tokens + 1:self._tokens + n + 1])
-            self._offsets[self._tokens + 1:self._tokens + n + 1] += start
-        self._tokens += n
-        self._pending_tokens = 0
+            np.cumsum(counts, out=self._offsets[self._taken + 1:self._taken + n + 1])
+            self._offsets[self._taken + 1:self._taken + n + 1] += start
+        self._taken += n
 
     def mask(self, first: int = 0, last: int | None = None) -> SamplingMask | None:
-        """The supports of tokens [first, last) as a SamplingMask; None when the
-        span reaches a token past a stop (`reason` says why)."""
-        if not self.keep:
-            return self._read_once(first, len(self) if last is None else last)
         self._flush()
         last = len(self) if last is None else last
-        if self.reason is not None and (last > self._tokens or first >= self._tokens):
+        if self.reason is not None and (last > self._taken or first >= self._taken):
             return None
         offsets = self._offsets[first:last + 1]
         base = offsets[0]
@@ -214,80 +251,87 @@ class MaskAccumulator:
         return SamplingMask._of(self._ids[base:end], offsets - base,
                                 self._logprobs[base:end], self._log_kept[first:last])
 
+
+class ReadOnceMasks(MaskAccumulator):
+    """Each token handed out once, in order: a span's arrays are made straight from
+    what arrived since the last one (read-only, over the bytes that came) and nothing
+    is kept; tokens before the span that were not read are dropped."""
+
+    keep = False
+
+    def __init__(self, with_logprobs: bool = False, keep: bool = False) -> None:
+        super().__init__(with_logprobs)
+
     def newest(self, n: int) -> SamplingMask | None:
-        """`mask` of the last `n` tokens (a DELTA output's): `mask(len(self) - n)`.
-        A read-once accumulator whose step brought one token, as the engine core's
-        bytes, reads it here without another call (the stream's hot path)."""
-        ids_, counts_, logprobs_, log_kept_ = self._pending
-        if (n == 1 == self._pending_tokens and not self.keep and self.reason is None
-                and type(counts := counts_[0]) is bytes and len(counts_) == 1
-                and type(ids := ids_[0]) is bytes):
+        """A step that brought one token, as the engine core's bytes, is read here
+        without another call (the stream's hot path); else `mask`."""
+        pending = self._pending
+        if (n == 1 == pending.tokens and self.reason is None
+                and type(counts := pending.counts[0]) is bytes and len(pending.counts) == 1
+                and type(ids := pending.ids[0]) is bytes):
             count, offsets = _ONE_TOKEN.get(counts) or _one_token(counts)
             if 4 * count != len(ids):
                 raise _unmatched(count, len(ids) // 4)
-            self._pending = ([], [], [], [])
-            self._pending_tokens = 0
-            self._tokens += 1
+            self._drop(self._taken + 1)
             if not self.with_logprobs:
                 return SamplingMask._of(np.frombuffer(ids, _I4), offsets)
             return SamplingMask._of(np.frombuffer(ids, _I4), offsets,
-                                    np.frombuffer(logprobs_[0], _F4),
-                                    np.frombuffer(log_kept_[0], _F4))
+                                    np.frombuffer(pending.logprobs[0], _F4),
+                                    np.frombuffer(pending.log_kept[0], _F4))
         return self.mask(len(self) - n)
 
-    def _read_once(self, first: int, last: int) -> SamplingMask | None:
-        """`mask` of an accumulator that does not keep what it hands out: tokens
-        before `first` not yet read are dropped, those up to `last` become the
-        span's own arrays (read-only, over the bytes that came)."""
-        arrived = self._tokens + self._pending_tokens
-        if first < self._tokens or last < first:
+    def mask(self, first: int = 0, last: int | None = None) -> SamplingMask | None:
+        """Tokens before `first` not yet read are dropped, those up to `last` become
+        the span's own arrays."""
+        last = len(self) if last is None else last
+        arrived = self._taken + self._pending.tokens
+        if first < self._taken or last < first:
             raise ValueError(f"MaskAccumulator: tokens [{first}, {last}) asked of a mask "
-                             f"that hands each token out once ({self._tokens} read)")
+                             f"that hands each token out once ({self._taken} read)")
         if self.reason is not None and last > arrived:   # reaches past the stop
             self._drop(arrived)
             return None
         if last > arrived:
             raise ValueError(f"MaskAccumulator: tokens [{first}, {last}) asked, "
                              f"{arrived} arrived")
-        if first != self._tokens or last != arrived:
-            ids_, counts_, logprobs_, log_kept_ = self._split(first, last)
+        if first != self._taken or last != arrived:
+            span = self._split(first, last)
         else:
-            ids_, counts_, logprobs_, log_kept_ = self._pending
+            span = self._pending
             self._drop(last)
-        ids, counts = np.frombuffer(_joined(ids_), "<i4"), _joined(counts_)
+        ids, counts = np.frombuffer(_joined(span.ids), "<i4"), _joined(span.counts)
         if len(counts) == 4:      # one token: its count is the ids' number, checked
             (count,) = struct.unpack("<i", counts)
             if count != len(ids):
                 raise _unmatched(count, len(ids))
             offsets = np.array((0, count), np.int64)
         else:
-            offsets = _offsets(np.frombuffer(counts, "<i4"), len(ids))
+            offsets = offsets_of_counts(np.frombuffer(counts, "<i4"), len(ids),
+                                        owner="MaskAccumulator")
         if not self.with_logprobs:
             return SamplingMask._of(ids, offsets)
-        return SamplingMask._of(ids, offsets, np.frombuffer(_joined(logprobs_), "<f4"),
-                                np.frombuffer(_joined(log_kept_), "<f4"))
+        return SamplingMask._of(ids, offsets, np.frombuffer(_joined(span.logprobs), "<f4"),
+                                np.frombuffer(_joined(span.log_kept), "<f4"))
 
     def _drop(self, read: int) -> None:
         """Forget what is pending: tokens up to `read` have been handed out."""
-        self._pending = ([], [], [], [])
-        self._pending_tokens = 0
-        self._tokens = read
+        self._pending = _Pending.empty()
+        self._taken = read
 
-    def _split(self, first: int, last: int) -> tuple[list, list, list, list]:
+    def _split(self, first: int, last: int) -> _Pending:
         """The pending parts of tokens [first, last), one array per field; those
         before `first` are dropped (a read-once mask never hands them out), those
         from `last` on stay pending."""
-        ids, counts, logprobs, log_kept = (
-            np.frombuffer(b"".join(parts), dtype)
-            for parts, dtype in zip(self._pending, ("<i4", "<i4", "<f4", "<f4")))
-        offsets = _offsets(counts, len(ids))
-        cut = [0, first - self._tokens, last - self._tokens, len(counts)]
+        ids, counts, logprobs, log_kept = self._pending.arrays()
+        offsets = offsets_of_counts(counts, len(ids), owner="MaskAccumulator")
+        cut = [0, first - self._taken, last - self._taken, len(counts)]
         at = [int(offsets[c]) for c in cut]
 
-        def parts(k: int) -> tuple[list, list, list, list]:
-            return ([ids[at[k]:at[k + 1]]], [counts[cut[k]:cut[k + 1]]],
-                    [logprobs[at[k]:at[k + 1]]] if self.with_logprobs else [],
-                    [log_kept[cut[k]:cut[k + 1]]] if self.with_logprobs else [])
-        span = parts(1)
-        self._pending, self._pending_tokens, self._tokens = parts(2), cut[3] - cut[2], last
+        def part(k: int) -> _Pending:
+            return _Pending([ids[at[k]:at[k + 1]]], [counts[cut[k]:cut[k + 1]]],
+                            [logprobs[at[k]:at[k + 1]]] if self.with_logprobs else [],
+                            [log_kept[cut[k]:cut[k + 1]]] if self.with_logprobs else [],
+                            cut[k + 1] - cut[k])
+        span = part(1)
+        self._pending, self._taken = part(2), last
         return span

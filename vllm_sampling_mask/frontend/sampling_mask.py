@@ -25,7 +25,7 @@ import numpy as np
 
 from vllm_sampling_mask.formats.packed_wire import (decode_floats, decode_packed, encode_floats,
                                             encode_packed, is_packed, lists_json,
-                                            packed_json)
+                                            offsets_of_counts, packed_json)
 
 __all__ = ["SamplingMask"]
 
@@ -101,10 +101,7 @@ class SamplingMask:
     @classmethod
     def from_counts(cls, ids, counts, logprobs=None, log_kept=None) -> SamplingMask:
         """Build from packed ids and the size of each support."""
-        counts = np.asarray(counts, dtype=np.int64)
-        offsets = np.zeros(len(counts) + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        return cls(ids, offsets, logprobs, log_kept)
+        return cls(ids, offsets_of_counts(counts), logprobs, log_kept)
 
     @classmethod
     def concat(cls, masks: Sequence[SamplingMask]) -> SamplingMask:
@@ -311,10 +308,9 @@ class SamplingMask:
 def _flatten(token_ids: Iterable[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     """(ids, offsets) of one list of ids per token."""
     rows = [np.asarray(r, dtype=np.int32).reshape(-1) for r in token_ids]
-    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    offsets = offsets_of_counts([len(r) for r in rows])
     if not rows:
         return np.zeros(0, dtype=np.int32), offsets
-    np.cumsum([len(r) for r in rows], out=offsets[1:])
     return np.concatenate(rows), offsets
 
 

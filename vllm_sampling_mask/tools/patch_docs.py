@@ -1,6 +1,6 @@
 """The docs' tables of patches, written from their records (`patches.REGISTRY`).
 
-`docs/design.md` has one table of patches per kind, `docs/releases.md` the spans of
+`docs/patches.md` has one table of patches per kind, `docs/releases.md` the spans of
 the records that hold over part of the supported releases. Each is a block between
 two markers in the page, and this module writes it from the records, so a record is
 the one place a patch's process, seams, change, span, upstream reference and
@@ -93,7 +93,7 @@ def _process(record: Patch) -> str:
 
 
 def patch_table(kind: Kind) -> str:
-    """design.md's table of the patches of `kind`, in the registry's order. A text
+    """patches.md's table of the patches of `kind`, in the registry's order. A text
     shared by several records (the feature's upstream PR) is written once, under the
     table, and referred to by a letter."""
     records = [r for r in REGISTRY.values() if r.kind is kind]
@@ -135,8 +135,8 @@ def spans_table() -> str:
 
 # page -> block name -> what writes it
 BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
-    "docs/design.md": {f"patches-{kind.value}": (lambda kind=kind: patch_table(kind))
-                       for kind in Kind},
+    "docs/patches.md": {f"patches-{kind.value}": (lambda kind=kind: patch_table(kind))
+                        for kind in Kind},
     "docs/releases.md": {"record-spans": spans_table},
 }
 

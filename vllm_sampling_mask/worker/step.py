@@ -27,9 +27,11 @@ logit-row order and extracts once (`extract_parts`).
 
 No capture, mask or copy outlives the step: a stage that finds the one before it
 missing raises `MissingSamplingMaskError` naming its hop, and so does a part
-that was never handed, naming the hop that owed it. A stage set twice raises,
-except in the memory-profiling run, whose step lasts across the several sampler
-calls of upstream's dummy run (each plans every row and extracts afresh).
+that was never handed, naming the hop that owed it. Each stage is set through its
+method (`set_plan`, `planned`, `in_parts`, `extract` or `no_mask_rows`, `set_copy`)
+and read through its property; one set twice raises `MaskStepOrderError`, except in
+the memory-profiling run, whose step lasts across the several sampler calls of
+upstream's dummy run (each plans every row and extracts afresh).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from vllm_sampling_mask.errors import MissingSamplingMaskError
+from vllm_sampling_mask.errors import MaskStepOrderError, MissingSamplingMaskError
 from vllm_sampling_mask.worker.extraction import DeviceMask, host_index
 from vllm_sampling_mask.worker.transport import MaskCopy, StepWithoutMasks
 from vllm_sampling_mask.worker import plan as plans
@@ -99,24 +101,42 @@ class MaskStep:
                  plan: StepPlan | None = None) -> None:
         self._extract = extract
         self._worst_case = worst_case
-        self.plan = plan
-        self.capture: ScaledCapture | None = None
-        self.mask: DeviceMask | None = None
-        self.copy: MaskCopy | StepWithoutMasks | None = None
+        # the stages, each set once through its method (read through the properties)
+        self._plan = plan
+        self._capture: ScaledCapture | None = None
+        self._mask: DeviceMask | None = None
+        self._copy: MaskCopy | StepWithoutMasks | None = None
         self._parts: dict[str, _Part] | None = None
         self._taking = False    # parts are handed from `in_parts` until the extraction
         self._captured = False  # `planned` made the capture (None where no row asked)
 
+    @property
+    def plan(self) -> StepPlan | None:
+        return self._plan
+
+    @property
+    def capture(self) -> ScaledCapture | None:
+        """The support-logprob capture of the rows that asked (`planned`)."""
+        return self._capture
+
+    @property
+    def mask(self) -> DeviceMask | None:
+        return self._mask
+
+    @property
+    def copy(self) -> MaskCopy | StepWithoutMasks | None:
+        return self._copy
+
     def _once(self, hop: str, stage: str, done: bool) -> None:
         if done and not self._worst_case:
-            raise MissingSamplingMaskError(hop, f"this step's {stage} was set twice")
+            raise MaskStepOrderError(hop, f"this step's {stage} was set twice")
 
     # -- plan and capture ---------------------------------------------------
 
     def set_plan(self, hop: str, plan: StepPlan) -> None:
-        if self.plan is not None:
-            raise MissingSamplingMaskError(hop, "this step was planned twice")
-        self.plan = plan
+        if self._plan is not None:
+            raise MaskStepOrderError(hop, "this step was planned twice")
+        self._plan = plan
 
     def planned(self, hop: str, batch_rows: int, *, normalise: bool = False,
                 request_rows=None) -> StepPlan:
@@ -125,22 +145,22 @@ class MaskStep:
         step's adapter passes `request_rows` (rows per request: its draft
         positions and the bonus position) and gets the runner's request-level
         plan as one row per position (`plan.per_token`)."""
-        if self.plan is None and self._worst_case:
-            self.plan = plans.worst_case(batch_rows, normalise=normalise,
+        if self._plan is None and self._worst_case:
+            self._plan = plans.worst_case(batch_rows, normalise=normalise,
                                          request_rows=request_rows)
-        if self.plan is None:
+        if self._plan is None:
             raise MissingSamplingMaskError(hop, "the runner opened this step without a plan")
-        if request_rows is not None and self.plan.request_rows is None:
-            self.plan = plans.per_token(self.plan, request_rows, normalise=normalise)
-        if self.plan.batch_rows != batch_rows:
+        if request_rows is not None and self._plan.request_rows is None:
+            self._plan = plans.per_token(self._plan, request_rows, normalise=normalise)
+        if self._plan.batch_rows != batch_rows:
             raise MissingSamplingMaskError(
-                hop, f"the step's plan is for {self.plan.batch_rows} rows, the sampler's "
+                hop, f"the step's plan is for {self._plan.batch_rows} rows, the sampler's "
                 f"batch has {batch_rows}")
         self._once(hop, "capture", self._captured)
         self._captured = True
-        rows = self.plan.capture_rows
-        self.capture = ScaledCapture(rows) if len(rows) else None
-        return self.plan
+        rows = self._plan.capture_rows
+        self._capture = ScaledCapture(rows) if len(rows) else None
+        return self._plan
 
     # -- a verify step's parts ----------------------------------------------
 
@@ -151,13 +171,13 @@ class MaskStep:
         pieces in row order; together they are every row once. `index[h]`:
         those rows as a device index the caller already has (else made from
         the host rows where needed)."""
-        if self.plan is None:
+        if self._plan is None:
             raise MissingSamplingMaskError(hop, "the step has no plan to take in parts")
         self._once(hop, "parts", self._parts is not None)
         total = sum(len(rows) for rows in parts.values())
-        if total != self.plan.batch_rows:
+        if total != self._plan.batch_rows:
             raise MissingSamplingMaskError(
-                hop, f"parts of {total} rows for a step of {self.plan.batch_rows}")
+                hop, f"parts of {total} rows for a step of {self._plan.batch_rows}")
         index = index or {}
         self._parts = {h: _Part(np.asarray(rows, dtype=np.int64), index.get(h))
                        for h, rows in parts.items()}
@@ -178,7 +198,7 @@ class MaskStep:
                 f"{len(part.rows)}")
         rows = part.rows[first:last]
         part.handed = last
-        return Piece(hop, rows, self.plan, part_capture(self.capture, rows))
+        return Piece(hop, rows, self._plan, part_capture(self._capture, rows))
 
     def hand(self, piece: Piece, processed_logits: torch.Tensor) -> None:
         """`piece`'s processed logits (one row per `piece.rows`), kept for the
@@ -210,7 +230,7 @@ class MaskStep:
             processed = (first if len(pieces) == 1
                          else torch.cat([p.to(torch.float32) for _, p in pieces]))
         else:
-            processed = torch.empty((self.plan.batch_rows, first.shape[1]),
+            processed = torch.empty((self._plan.batch_rows, first.shape[1]),
                                     dtype=torch.float32, device=first.device)
             for part in self._parts.values():
                 if part.index is not None and len(part.pieces) == 1:
@@ -218,12 +238,12 @@ class MaskStep:
                     continue
                 for piece, logits in part.pieces:
                     processed[host_index(piece.rows, first.device)] = logits
-        if self.capture is not None:
+        if self._capture is not None:
             for piece, _ in pieces:
                 if piece.capture is not None:
                     piece.capture.result(piece.hop)
-            self.capture.scaled_top = merged(
-                self.plan.batch_rows, [(piece.rows, piece.capture) for piece, _ in pieces],
+            self._capture.scaled_top = merged(
+                self._plan.batch_rows, [(piece.rows, piece.capture) for piece, _ in pieces],
                 hop, first.device)
         return self.extract(hop, processed)
 
@@ -232,23 +252,31 @@ class MaskStep:
     def extract(self, hop: str, processed_logits, sampled=None) -> DeviceMask:
         """The step's mask from the logits the sampler drew from (and, where the
         sampler has them, the tokens it drew: `SamplingMaskState.extract`)."""
-        if self.plan is None:
+        if self._plan is None:
             raise MissingSamplingMaskError(hop, "the step has no plan")
-        self._once(hop, "mask", self.mask is not None)
+        self._once(hop, "mask", self._mask is not None)
         self._taking = False
-        self.mask = self._extract(self.plan, processed_logits, self.capture, hop=hop,
+        self._mask = self._extract(self._plan, processed_logits, self._capture, hop=hop,
                                   sampled=sampled)
-        return self.mask
+        return self._mask
 
     def no_mask_rows(self, hop: str, mask: DeviceMask) -> None:
         """The step's mask where the plan extracts no row (a mask of idle rows only)."""
-        self._once(hop, "mask", self.mask is not None)
-        self.mask = mask
+        self._once(hop, "mask", self._mask is not None)
+        self._mask = mask
+
+    # -- copy -----------------------------------------------------------------
+
+    def set_copy(self, hop: str, copy: MaskCopy | StepWithoutMasks) -> None:
+        """The device-to-host copy of the step's mask the runner adapter started
+        (`NO_MASKS` where the plan masks nothing)."""
+        self._once(hop, "copy", self._copy is not None)
+        self._copy = copy
 
     def result(self, hop: str) -> DeviceMask:
-        if self.mask is None:
+        if self._mask is None:
             raise MissingSamplingMaskError(hop, "the sampler returned without extracting one")
-        return self.mask
+        return self._mask
 
 
 def open_in_context(step: MaskStep):

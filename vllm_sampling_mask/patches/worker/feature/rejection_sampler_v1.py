@@ -1,44 +1,16 @@
 """Extract the sampling mask of a verify step in the V1 runner's rejection sampler.
 
-What: wraps `RejectionSampler.forward` and `apply_top_k_top_p` (the module
-    global `apply_sampling_constraints` calls) in
-    `vllm/v1/sample/rejection_sampler.py`. Inside the step the runner adapter
-    opened (`runner_v1`: a request-level plan), a verify step's batch is R
-    requests x (their draft positions + 1) rows of target logits, back to back
-    (`metadata.num_draft_tokens`, a host list). `forward` takes the step's plan
-    per position (`MaskStep.planned` with `request_rows`: each row takes its
-    request's decision) and declares the step's processed logits as two parts
-    (`MaskStep.in_parts`), each handed by the hop that holds it:
-    - the bonus positions: the rejection sampler samples them with the plain
-      sampler (`self.sampler(...)`), whose adapter (`sampler_v1`) hands their
-      processed logprobs as its part, with the capture of the rows that asked
-      for support logprobs;
-    - the draft positions: the logits `apply_sampling_constraints` returns
-      (after the rejection sampler's logits processors, temperature, top-k and
-      top-p), handed by the wrapper of `apply_top_k_top_p` it ends with (a
-      module function: it finds the step open in its context,
-      `step.open_step()`), whose input, the temperature-scaled logits, that
-      part's capture records.
-    Once upstream's call returned, the step puts both parts in logit-row order
-    (at the metadata's `bonus_logits_indices` / `target_logits_indices`) and
-    extracts once (`MaskStep.extract_parts`). Each emitted token (accepted
-    draft, recovered, bonus) is drawn at one position from a distribution whose
-    support is that position's: an accepted draft and a recovered token are
-    drawn within the target's support (a recovered token from max(0, p - q),
-    which is zero where p is), and the bonus token from the target. Rows after
-    a rejection emit nothing and decode as count 0 (`transport.decode`); the
-    scheduler gives each output the rows of the tokens it kept.
-    The memory-profiling run's dummy sampler run ends with an all-greedy verify
-    step, in which `apply_sampling_constraints` returns before `apply_top_k_top_p`:
-    there (plan `worst_case`, `all_greedy`) the wrapper hands the draft positions'
-    raw target logits (`logits[metadata.target_logits_indices]`, their capture
-    recorded from the same), so that step extracts every row at the widest, as
-    memory sizing needs (the values do not matter). A served all-greedy step
-    plans no row (a greedy request wants no mask) and extracts none.
-Why: under speculative decoding the rejection sampler, not the sampler, decides
-    a step's tokens; the trainer replays the target distribution at each
-    position, so the mask is that distribution's support (its marginal is the
-    target's, whatever the draft).
+What it wraps, in `vllm/v1/sample/rejection_sampler.py`:
+
+- `RejectionSampler.forward`: plans the step per position, declares its processed
+  logits as two parts (bonus and draft positions), and extracts once they are handed;
+- `apply_top_k_top_p` (what `apply_sampling_constraints` ends with): hands the draft
+  positions' processed logits.
+
+Why: under speculative decoding the rejection sampler, not the sampler, decides a
+step's tokens; the trainer replays the target distribution at each position, so the
+mask is that distribution's support (its marginal is the target's, whatever the
+draft).
 """
 
 from __future__ import annotations
@@ -62,6 +34,9 @@ def apply(module, release: Release) -> None:
         step = None if state is None else state.open
         if step is None:
             return wrapped(*args, **kwargs)
+        # A verify step's batch is R requests x (their draft positions + 1) rows of
+        # target logits, back to back; each row takes its request's decision (the
+        # runner adapter planned the step per request).
         metadata = argument(wrapped, args, kwargs, "metadata")
         logits = argument(wrapped, args, kwargs, "logits")
         request_rows = np.asarray(metadata.num_draft_tokens, dtype=np.int64) + 1
@@ -69,13 +44,22 @@ def apply(module, release: Release) -> None:
                             request_rows=request_rows)
         is_bonus = np.zeros(plan.batch_rows, dtype=bool)
         is_bonus[np.cumsum(request_rows) - 1] = True
+        # The bonus positions are sampled by the plain sampler, whose adapter
+        # (`sampler_v1`) hands their processed logprobs; the draft positions' logits
+        # are handed by the `apply_top_k_top_p` wrapper below. Every emitted token
+        # (accepted draft, recovered, bonus) is drawn within its position's target
+        # support (a recovered one from max(0, p - q), zero where p is); rows after a
+        # rejection emit nothing and decode as count 0.
         step.in_parts(HOP, {BONUS: np.flatnonzero(is_bonus),
                             DRAFTS: np.flatnonzero(~is_bonus)},
                       index={BONUS: metadata.bonus_logits_indices,
                              DRAFTS: metadata.target_logits_indices})
         output = wrapped(*args, **kwargs)
         if plan.worst_case and argument(wrapped, args, kwargs, "sampling_metadata").all_greedy:
-            # the profiling run's all-greedy pass: upstream processed no draft position
+            # The profiling run's all-greedy verify step: `apply_sampling_constraints`
+            # returned before `apply_top_k_top_p`, so the draft positions' raw target
+            # logits stand in (memory sizing needs every row at the widest, not the
+            # values). A served all-greedy step plans no row and extracts none.
             raw = logits[metadata.target_logits_indices]
             piece = step.piece(DRAFTS, raw.shape[0])
             if piece.capture is not None:
@@ -83,7 +67,7 @@ def apply(module, release: Release) -> None:
             step.hand(piece, raw)
         if plan.n_rows == 0:   # no position to extract (idle rows ride on the mask)
             step.extract(HOP, logits)
-        else:
+        else:   # both parts, put in logit-row order, extracted once
             step.extract_parts(HOP)
         return output
 
@@ -92,6 +76,9 @@ def apply(module, release: Release) -> None:
         step = open_step()   # a module function: no sampler to reach the state through
         if step is None or not step.takes(DRAFTS):
             return wrapped(*args, **kwargs)
+        # its input is the temperature-scaled logits (the capture's), its output the
+        # draft positions' processed logits (after logits processors, temperature,
+        # top-k and top-p)
         scaled_logits = argument(wrapped, args, kwargs, "logits")
         piece = step.piece(DRAFTS, scaled_logits.shape[0])
         if piece.capture is not None:

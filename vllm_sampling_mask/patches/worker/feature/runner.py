@@ -1,47 +1,18 @@
-"""Model Runner V2's adapter to the mask state: build it, profile with it,
-start the mask's copy with the step's output copy.
+"""Model Runner V2's adapter to the mask state: build it, plan each step, start the
+mask's copy with the step's output copy.
 
-What: wraps, in `vllm/v1/worker/gpu/model_runner.py` (the CPU runner inherits
-    these), and declares `GPUModelRunner.sampling_mask` (None with the flag off):
-    - `load_model`, which builds `self.sampler`: with
-      `model_config.sampling_mask_settings` it builds one `worker.state.SamplingMaskState`
-      (per request slot, `max_num_reqs`; --max-sampling-mask-size) and hands it
-      to the runner and its sampler (`Sampler.sampling_mask`) on the output rank
-      only (`_runner.mask_state_for`: under tensor parallelism the other ranks'
-      outputs are dropped, so they extract and copy nothing), and turns the
-      sampler's FlashInfer path off on every rank (it never materialises the
-      processed logits, and the ranks must sample alike). A sampler that is not vLLM's `Sampler` (a model state's
-      `custom_sampler`) is refused;
-    - `_remove_request`: the freed request slot no longer wants a mask (the
-      sampler's `add_request` sets it for the next request there);
-    - `_dummy_sampler_run`: the memory-profiling run extracts inside
-      `state.profiling()` (widest rows, one wide-row slot per row), so the KV
-      cache is sized with the mask's largest per-step device memory included;
-    - `sample_tokens`: opens the step's `MaskStep` around the call and, once
-      it returned, hands the step's started copy to the step's `AsyncOutput`
-      (the declared `AsyncOutput.sampling_mask_copy`, which `async_output`
-      decodes);
-    - `sample`, called inside it with the step's input batch: before it
-      samples, plans the step, the one place a Model Runner V2 step is planned
-      (`SamplingMaskState.plan`: the batch's slots, their host-side top-k, and
-      the rows that sample nothing this step, a partial prefill chunk: the host
-      mirror of upstream's own rule in `get_num_sampled_and_rejected`, seq_len
-      < prefill_len, from `InputBatch.seq_lens_cpu_upper_bound` against the
-      sampler's `req_states.prefill_len.np` of the batch's slots,
-      `discarded_rows`; host arrays only, no device sync). The sampler
-      (`sampler`) or, for a verify step, the rejection sampler
-      (`rejection_sampler`) takes that plan and extracts into the step. Once
-      it did, `sample` starts its `transport.MaskCopy` on the output copy
-      stream (after the main stream, into the state's pinned pool on CUDA)
-      into the step. Upstream's
-      copy event, recorded on that stream by the `AsyncOutput` built next,
-      covers it; the copy holds the device block until it is read. A step
-      whose plan masks nothing (`StepPlan.masks_nothing`) starts no copy: it
-      hands on `transport.NO_MASKS`, which the scheduler passes to upstream.
-Why: the flag is configuration; passing it explicitly where the sampler is
-    built (instead of the sampler reading ambient config) means a sampler that
-    never got it cannot silently return no mask, and one state object per
-    runner replaces attributes and class-level flags on upstream classes.
+What it wraps, in `vllm/v1/worker/gpu/model_runner.py` (the CPU runner inherits
+them), beside declaring `GPUModelRunner.sampling_mask`:
+
+- `load_model`: builds the runner's `SamplingMaskState` and hands it to its sampler;
+- `_remove_request`: a freed request slot no longer wants a mask;
+- `_dummy_sampler_run`: the profiling run extracts at the widest (`_runner`);
+- `sample`: plans the step before it samples, starts the mask's copy after;
+- `sample_tokens`: opens the step around the call, hands its copy to the output.
+
+Why: the flag is handed to the sampler where it is built, so a sampler that never
+got it cannot silently return no mask; one state object per runner replaces flags
+on upstream classes.
 """
 
 from __future__ import annotations
@@ -77,8 +48,11 @@ def apply(module, release: Release) -> None:
                     f"vLLM's own Sampler, but this model uses {type(self.sampler)!r}: "
                     "drop the flag for this model.")
             # Every rank samples the same way (the ranks' tokens must agree), but
-            # only the output rank extracts: the others' outputs are dropped.
+            # only the output rank extracts: the others' outputs are dropped. FlashInfer
+            # never materialises the processed logits the mask is read from.
             self.sampler.use_flashinfer = False
+            # per request slot (`max_num_reqs`), --max-sampling-mask-size; None off
+            # the output rank
             self.sampling_mask = mask_state_for(self)
             self.sampler.sampling_mask = self.sampling_mask
         return result
@@ -89,7 +63,7 @@ def apply(module, release: Release) -> None:
             return wrapped(*args, **kwargs)
         slot = self.req_states.req_id_to_index.get(argument(wrapped, args, kwargs, "req_id"))
         removed = wrapped(*args, **kwargs)
-        if removed and slot is not None:
+        if removed and slot is not None:   # the sampler's `add_request` sets the next one
             self.sampling_mask.requests.remove(slot)
         return removed
 
@@ -100,6 +74,10 @@ def apply(module, release: Release) -> None:
         state = self.sampling_mask
         step = None if state is None else state.open
         if step is not None:
+            # The one place a Model Runner V2 step is planned, from host arrays only (no
+            # device sync): the batch's slots, their top-k, and the rows that sample
+            # nothing this step (`discarded_rows`). The sampler (or, for a verify step,
+            # the rejection sampler) extracts into the step with this plan.
             input_batch = argument(wrapped, args, kwargs, "input_batch")
             slots = input_batch.idx_mapping_np
             step.set_plan(HOP, state.plan(
@@ -109,14 +87,19 @@ def apply(module, release: Release) -> None:
         if step is not None:
             mask = step.result(HOP)
             if step.plan.masks_nothing:   # no row wanted a mask: nothing to copy
-                step.copy = NO_MASKS
+                step.set_copy(HOP, NO_MASKS)   # the scheduler passes it to upstream
                 self.sampling_mask.steps_without_masks += 1
                 return result
+            # The copy runs on the output copy stream after the main stream, into the
+            # state's pinned pool on CUDA; upstream's copy event, recorded on that
+            # stream by the `AsyncOutput` built next, covers it. It holds the device
+            # block until it is read.
             main, copy_stream = self.main_stream, self.output_copy_stream
             with async_utils.stream(copy_stream, main):
                 copy_stream.wait_stream(main)
                 on_cuda = mask.block.device.type == "cuda"
-                step.copy = MaskCopy(mask, self.sampling_mask.pool if on_cuda else None)
+                step.set_copy(HOP, MaskCopy(mask, self.sampling_mask.pool if on_cuda
+                                            else None))
         return result
 
     @wraps(module, "GPUModelRunner.sample_tokens")
@@ -137,7 +120,7 @@ def apply(module, release: Release) -> None:
             raise MissingSamplingMaskError(
                 "GPUModelRunner.sample_tokens",
                 f"a mask was extracted but the step returned {type(out).__name__}")
-        out.sampling_mask_copy = step.copy
+        out.sampling_mask_copy = step.copy   # declared on AsyncOutput; `async_output` decodes it
         return out
 
 

@@ -1,46 +1,21 @@
 """The V1 model runner's adapter to the mask state (CPU hosts natively; MoE on CUDA).
 
-What: declares `GPUModelRunner.sampling_mask` (None with the flag off) and
-    wraps, in `vllm/v1/worker/gpu_model_runner.py` (the CPU runner inherits
-    these):
-    - `GPUModelRunner.__init__`, which builds `self.sampler`: with
-      `model_config.sampling_mask_settings` it builds one
-      `worker.state.SamplingMaskState` (per persistent-batch row, `max_num_reqs`) and
-      hands it to the runner and its sampler (`Sampler.sampling_mask`), on the
-      output rank only (`_runner.mask_state_for`: under tensor parallelism the
-      other ranks' outputs are dropped, so they extract and copy nothing);
-    - `GPUModelRunner._may_reorder_batch`, the last change `_update_states`
-      makes to the persistent batch before `refresh_metadata` hands it to the
-      logits processors: the state applies the batch's pending update (rows
-      added with their sampling parameters, removed, moved by `condense`,
-      swapped by the reorder) to its per-row "wants a mask", as a logits
-      processor does; a step then reads it with one slice, no loop over rows;
-    - `GPUModelRunner.sample_tokens`: opens the step's `MaskStep` around the
-      call, planned from the host-side input batch (`SamplingMaskState.plan`:
-      the rows whose request wants a mask, their top-k, and the rows whose
-      sampled token upstream discards, `discard_request_mask.np`, which
-      `_prepare_inputs` filled for this step: partial prefill chunks, left out
-      of the extraction), all host arrays (no device sync, no loop over rows).
-      The sampler (`sampler_v1`, reached through `_sample`) extracts into it.
-      A step in which no row wants a mask (`StepPlan.masks_nothing`) opens no
-      step: the sampler runs as upstream's and the output carries
-      `transport.NO_MASKS` (on the asynchronous path, in the copy's place).
-      Once the call returned, on the synchronous path it decodes the step's
-      mask into the declared field `ModelRunnerOutput.sampling_mask_step`; on
-      the asynchronous path (CUDA's default) it starts a `transport.MaskCopy`
-      on the runner's output copy stream (after the main stream), with its own
-      event, kept on the declared `AsyncGPUModelRunnerOutput.sampling_mask_copy`;
-      the copy holds the device block until read; a step that sampled nothing
-      has no mask;
-    - `AsyncGPUModelRunnerOutput.get_output`: decodes it (after its event, host
-      work only) into `ModelRunnerOutput.sampling_mask_step`;
-    - `GPUModelRunner._dummy_sampler_run`: the memory-profiling run extracts
-      inside `state.profiling()`, so the KV cache is sized with it included.
-    Rows that sample nothing (partial prefills) are not extracted and decode
-    as empty (count 0), one entry per batch row as before.
-Why: the V1 runner is what CPU hosts run natively and what most MoE models get
-    on CUDA; its sampler applies custom logits processors before the support is
-    taken, so the mask includes them.
+What it wraps, in `vllm/v1/worker/gpu_model_runner.py` (the CPU runner inherits
+them), beside declaring `GPUModelRunner.sampling_mask`:
+
+- `GPUModelRunner.__init__`: builds the runner's `SamplingMaskState` and hands it to
+  its sampler;
+- `GPUModelRunner._may_reorder_batch`: applies the persistent batch's pending update
+  to the state's per-row "wants a mask";
+- `GPUModelRunner.sample_tokens`: plans the step, opens it around the call, then
+  decodes the mask or starts its copy;
+- `AsyncGPUModelRunnerOutput.get_output`: decodes the started copy;
+- `GPUModelRunner._dummy_sampler_run`: the profiling run extracts at the widest
+  (`_runner`).
+
+Why: the V1 runner is what CPU hosts run natively and what most MoE models get on
+CUDA; its sampler applies custom logits processors before the support is taken, so
+the mask includes them.
 """
 
 from __future__ import annotations
@@ -83,6 +58,8 @@ def apply(module, release: Release) -> None:
     @wraps(module, "GPUModelRunner.__init__")
     def __init__(wrapped, self, args, kwargs):
         wrapped(*args, **kwargs)
+        # per persistent-batch row (`max_num_reqs`); None off the output rank: under
+        # tensor parallelism the other ranks' outputs are dropped
         self.sampling_mask = mask_state_for(self)
         if self.sampling_mask is not None:
             self.sampler.sampling_mask = self.sampling_mask
@@ -90,6 +67,10 @@ def apply(module, release: Release) -> None:
     @wraps(module, "GPUModelRunner._may_reorder_batch")
     def _may_reorder_batch(wrapped, self, args, kwargs):
         result = wrapped(*args, **kwargs)
+        # The last change `_update_states` makes to the persistent batch before
+        # `refresh_metadata` hands it to the logits processors: rows added with their
+        # sampling parameters, removed, moved by `condense`, swapped by the reorder. A
+        # step then reads "wants a mask" with one slice, no loop over rows.
         if self.sampling_mask is not None:
             update = _pending_batch_update(self.input_batch, MoveDirectionality.SWAP)
             if update is not None:
@@ -101,6 +82,11 @@ def apply(module, release: Release) -> None:
         state = self.sampling_mask
         if state is None:
             return wrapped(*args, **kwargs)
+        # Planned from host arrays (no device sync): the rows whose request wants a mask,
+        # their top-k, and the rows whose token upstream discards (partial prefill
+        # chunks, `discard_request_mask`, filled by `_prepare_inputs` for this step:
+        # not extracted, they decode as empty). The sampler (`sampler_v1`, reached
+        # through `_sample`) extracts into the step.
         rows = self.input_batch.num_reqs
         plan = state.plan(slice(0, rows), self.input_batch.top_k_cpu[:rows],
                           self.discard_request_mask.np[:rows])
@@ -122,10 +108,12 @@ def apply(module, release: Release) -> None:
         mask = step.mask
         on_cuda = mask.block.is_cuda
         pool = state.pool if on_cuda else None
-        if isinstance(out, ModelRunnerOutput):
+        if isinstance(out, ModelRunnerOutput):   # synchronous: decode it now
             copy = MaskCopy(mask, pool, record_event=on_cuda)
             out.sampling_mask_step = copy.result(_lengths(out.sampled_token_ids))
         elif isinstance(out, AsyncOutput):
+            # CUDA's default: the copy runs on the output copy stream after the main
+            # stream, with its own event, holding the device block until `get_output`
             if on_cuda:
                 stream, main = self.async_output_copy_stream, torch.cuda.current_stream()
                 with torch.cuda.stream(stream):
@@ -142,6 +130,7 @@ def apply(module, release: Release) -> None:
     @wraps(module, "AsyncGPUModelRunnerOutput.get_output")
     def get_output(wrapped, self, args, kwargs):
         output = wrapped(*args, **kwargs)
+        # after the copy's event: host work only
         copy, self.sampling_mask_copy = self.sampling_mask_copy, None
         if copy is not None:
             output.sampling_mask_step = copy.result(_lengths(output.sampled_token_ids))
