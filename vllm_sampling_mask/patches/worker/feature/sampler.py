@@ -40,6 +40,7 @@ from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.worker.capture import shadowing
 from vllm_sampling_mask.worker.state import SamplingMaskState
+from vllm_sampling_mask.worker.step import step_of
 
 HOP = "Sampler.sample"
 # the hop that hands a verify step its processed logits (`rejection_sampler`)
@@ -58,8 +59,7 @@ def apply(module, release: Release) -> None:
 
     @wraps(module, "Sampler.sample")
     def sample(wrapped, self, args, kwargs):
-        state = self.sampling_mask
-        step = None if state is None else state.open
+        step = step_of(self.sampling_mask)
         if step is None:
             return wrapped(*args, **kwargs)
         slots = argument(wrapped, args, kwargs, "idx_mapping_np")
@@ -74,8 +74,7 @@ def apply(module, release: Release) -> None:
 
     @wraps(module, "Sampler.apply_sampling_params")
     def apply_sampling_params(wrapped, self, args, kwargs):
-        state = self.sampling_mask
-        step = None if state is None else state.open
+        step = step_of(self.sampling_mask)
         if step is None or not step.takes(PROCESSING):
             return wrapped(*args, **kwargs)
         piece = step.piece(PROCESSING, argument(wrapped, args, kwargs, "logits").shape[0])
