@@ -57,6 +57,12 @@ Extractor = Callable[..., DeviceMask]
 _OPEN: ContextVar[MaskStep | None] = ContextVar("sampling_mask_step", default=None)
 
 
+def step_of(state) -> MaskStep | None:
+    """The step open in a runner's mask state (`SamplingMaskState.open`): None with
+    the flag off (no state) and outside a step."""
+    return None if state is None else state.open
+
+
 def open_step() -> MaskStep | None:
     """The step open in this context, for a wrapper of an upstream module
     function (no runner or sampler to reach the runner's state through)."""

@@ -1,12 +1,10 @@
-"""`/v1/chat/completions` wire format: the `return_sampling_mask` body field in,
-`choices[].sampling_mask` out.
+"""`/v1/chat/completions` wire format, as `completion_protocol` is `/v1/completions`'
+(the same fields, the same reason).
 
-What: in `vllm/entrypoints/openai/chat_completion/protocol.py`, replaces `ChatCompletionRequest`,
-    `ChatCompletionResponseChoice` and `ChatCompletionResponse` with subclasses that declare the
-    mask's body fields and response fields (`_protocol.declare_openai_fields` says
-    which, and how each is checked); the `openai_chat` patch fills the response fields.
-Why: the per-request choice must reach the engine from the OpenAI client
-    (`extra_body={"return_sampling_mask": ...}`), and the mask must reach it back.
+What: replaces `ChatCompletionRequest`, `ChatCompletionResponseChoice` and
+`ChatCompletionResponse` in `vllm/entrypoints/openai/chat_completion/protocol.py` with
+subclasses that declare the mask's fields (`_protocol.declare_openai_fields`); the
+`openai_chat` patch fills the response fields.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ import numpy as np
 from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.patches.worker.feature.sampler import PROCESSING
 from vllm_sampling_mask.releases import Release
+from vllm_sampling_mask.worker.step import step_of
 
 HOP = "MRv2 RejectionSampler.__call__"
 
@@ -37,8 +38,8 @@ HOP = "MRv2 RejectionSampler.__call__"
 def apply(module, release: Release) -> None:
     @wraps(module, "RejectionSampler.__call__")
     def __call__(wrapped, self, args, kwargs):
-        state = self.sampler.sampling_mask   # declared on Sampler by the `sampler` patch
-        step = None if state is None else state.open
+        # the state is declared on Sampler by the `sampler` patch
+        step = step_of(self.sampler.sampling_mask)
         if step is None:
             return wrapped(*args, **kwargs)
         logits = argument(wrapped, args, kwargs, "logits")

@@ -20,7 +20,7 @@ import numpy as np
 from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.patches.worker.feature.sampler_v1 import HOP as BONUS
 from vllm_sampling_mask.releases import Release
-from vllm_sampling_mask.worker.step import open_step
+from vllm_sampling_mask.worker.step import open_step, step_of
 
 HOP = "V1 RejectionSampler.forward"
 # the hop that hands a verify step its draft positions' processed logits
@@ -30,8 +30,7 @@ DRAFTS = "V1 rejection_sampler.apply_top_k_top_p"
 def apply(module, release: Release) -> None:
     @wraps(module, "RejectionSampler.forward")
     def forward(wrapped, self, args, kwargs):
-        state = self.sampler.sampling_mask   # declared on Sampler by `sampler_v1`
-        step = None if state is None else state.open
+        step = step_of(self.sampler.sampling_mask)   # declared on Sampler by `sampler_v1`
         if step is None:
             return wrapped(*args, **kwargs)
         # A verify step's batch is R requests x (their draft positions + 1) rows of

@@ -27,6 +27,7 @@ from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.worker.transport import NO_MASKS, MaskCopy
 from vllm_sampling_mask.worker.coverage import cover
 from vllm_sampling_mask.worker.state import SamplingMaskState
+from vllm_sampling_mask.worker.step import step_of
 
 HOP = "GPUModelRunner.sample"
 
@@ -72,7 +73,7 @@ def apply(module, release: Release) -> None:
     @wraps(module, "GPUModelRunner.sample")
     def sample(wrapped, self, args, kwargs):
         state = self.sampling_mask
-        step = None if state is None else state.open
+        step = step_of(state)
         if step is not None:
             # The one place a Model Runner V2 step is planned, from host arrays only (no
             # device sync): the batch's slots, their top-k, and the rows that sample

@@ -42,6 +42,7 @@ from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.worker.capture import shadowing
 from vllm_sampling_mask.worker.state import SamplingMaskState
+from vllm_sampling_mask.worker.step import step_of
 
 HOP = "V1 Sampler.sample"
 
@@ -51,8 +52,7 @@ def apply(module, release: Release) -> None:
 
     @wraps(module, "Sampler.sample")
     def sample(wrapped, self, args, kwargs):
-        state = self.sampling_mask
-        step = None if state is None else state.open
+        step = step_of(self.sampling_mask)
         if step is None:
             return wrapped(*args, **kwargs)
         rows = argument(wrapped, args, kwargs, "logits").shape[0]
