@@ -29,9 +29,8 @@ use is tested below with `Actor.forward`.
 
 A test-only stand-in of flash-attn (tests/flash_attn_stand_in.py):
 `openrlhf.models.actor` imports `flash_attn.bert_padding` and
-`flash_attn.utils.distributed` at module top (for packed samples, which these tests do
-not use), and flash-attn does not build without CUDA; the stand-in holds those pure
-tensor functions only.
+`flash_attn.utils.distributed` at module top (for packed samples), and flash-attn
+does not build without CUDA; the stand-in holds those pure tensor functions only.
 """
 
 from __future__ import annotations
@@ -342,14 +341,54 @@ def test_the_loss_gradient_reaches_only_each_tokens_support(actor, batch):
                 assert nonzero, (b, j)
 
 
-def test_packed_samples_are_refused_naming_the_flag(actor, batch):
+def test_packed_samples_take_the_same_log_probs_over_the_support(actor, batch):
+    """`--ds.packing_samples`: OpenRLHF's `Actor.forward` unpads the batch into one row
+    (`unpad_and_slice_tensor`, position ids restarting per sample) and pads the
+    log-probabilities back; with the masks each action token's log-probability is
+    taken over its support there too, equal to the padded layout's and the engine's,
+    and the gradient reaches the support ids only."""
+    from openrlhf.models.loss import PolicyLoss
+
+    with torch.no_grad():
+        padded = actor(batch.sequences, batch.action_mask, batch.attention_mask,
+                       sampling_mask=batch.sampling_mask)
+    captured = {}
+
+    def keep_logits(module, args, output):
+        captured["logits"] = output["logits"]
+
     actor.packing_samples = True
+    handle = actor.model.register_forward_hook(keep_logits)
     try:
-        with pytest.raises(ValueError, match="--ds.packing_samples"):
+        packed = actor(batch.sequences, batch.action_mask, batch.attention_mask,
+                       sampling_mask=batch.sampling_mask)
+        with torch.no_grad():
+            stock = actor(batch.sequences, batch.action_mask, batch.attention_mask)
+        with pytest.raises(ValueError, match="--ds.ring_attn_size 1"):
             actor(batch.sequences, batch.action_mask, batch.attention_mask,
-                  sampling_mask=batch.sampling_mask)
+                  ring_attn_group=object(), sampling_mask=batch.sampling_mask)
     finally:
+        handle.remove()
         actor.packing_samples = False
+    logits = captured["logits"]
+    assert logits.shape[0] == 1 and logits.shape[1] == int(batch.attention_mask.sum())
+    keep = batch.action_mask.bool()
+    assert torch.allclose(packed.detach()[keep], padded[keep], atol=1e-5)
+    ratio = _ratio(packed.detach(), batch)
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5), ratio
+    assert (_ratio(stock, batch) - 1).abs().max() > 1e-2       # packed, as shipped
+    logits.retain_grad()
+    loss, *_ = PolicyLoss()(packed, padded, torch.ones_like(packed),
+                            action_mask=batch.action_mask)
+    loss.backward()
+    flat = torch.nonzero(batch.attention_mask.flatten()).flatten().tolist()
+    length = batch.sequences.shape[1]
+    rows = {b: _rows(m) for b, m in enumerate(batch.sampling_mask)}
+    for p, i in enumerate(flat):
+        b, j = divmod(i, length)
+        nonzero = set(torch.nonzero(logits.grad[0, p]).flatten().tolist())
+        row = rows[b][j] if j < len(rows[b]) else []
+        assert nonzero <= set(row), (b, j)
 
 
 def test_each_patch_has_its_record_and_seams():
