@@ -1,7 +1,8 @@
 """OpenRLHF 0.11.2's own `train_ppo_ray`, two PPO steps with sampling masks, on a CPU host.
 
-    python examples/openrlhf_cpu.py            # with masks, then without (the control)
-    python examples/openrlhf_cpu.py --masks    # with masks only
+    python examples/openrlhf_cpu.py               # with masks, then without (the control)
+    python examples/openrlhf_cpu.py --masks       # with masks only
+    python examples/openrlhf_cpu.py --multi-turn  # and a masked run of a two-turn agent
 
 A loopback Ray head (tests/ray_head.py) with logical GPUs, so that OpenRLHF's GPU
 bundles and `@ray.remote(num_gpus=1)` actors schedule; then `train_ppo_ray` started
@@ -77,9 +78,56 @@ import torch
 
 
 def reward_func(queries, prompts, labels, **kwargs):
-    """Longer answers score higher (any signal will do for two steps)."""
-    rewards = torch.tensor([float(len(q) - len(p)) / 10.0 for q, p in zip(queries, prompts)])
+    """A score that differs between answers (any signal will do for two steps)."""
+    rewards = torch.tensor([(sum(map(ord, q[len(p):])) % 97) / 97.0
+                            for q, p in zip(queries, prompts)])
     return {"rewards": rewards, "scores": rewards, "extra_logs": {}}
+'''
+
+AGENT = '''\
+"""A two-turn environment for `--train.agent_func_path`, run by OpenRLHF's own
+MultiTurnAgentExecutor: after each answer it appends a line of feedback (environment
+tokens: no sampling support, no action), and ends after the second answer."""
+import torch
+
+from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
+
+TURN_TOKENS = 6
+
+
+class AgentInstance(AgentInstanceBase):
+    def __init__(self, *args, **kwargs):
+        self.turns = 0
+
+    async def reset(self, states, **kwargs):
+        return {"observation": states["observation"]}
+
+    async def step(self, states, **kwargs):
+        self.turns += 1
+        reward = torch.tensor((sum(map(ord, states["action_text"])) % 97) / 97.0)
+        return {"rewards": reward, "scores": reward, "environment_feedback": " Then:",
+                "done": self.turns >= 2, "extra_logs": {"turns": float(self.turns)}}
+
+
+class _TurnBudget:
+    """The engine as the executor sees it, each turn at most TURN_TOKENS tokens
+    (MultiTurnAgentExecutor gives a turn all the room left up to --data.max_len)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+        sampling_params.max_tokens = min(sampling_params.max_tokens, TURN_TOKENS)
+        return await self.engine.generate(prompt_token_ids, sampling_params,
+                                          multi_modal_data=multi_modal_data)
+
+
+class AgentExecutor(MultiTurnAgentExecutor):
+    def __init__(self):
+        super().__init__(AgentInstance)
+
+    async def execute(self, *args, llm_engine, **kwargs):
+        return await super().execute(*args, llm_engine=_TurnBudget(llm_engine), **kwargs)
 '''
 
 
@@ -87,9 +135,18 @@ def reward_func(queries, prompts, labels, **kwargs):
 
 
 def _on_import(module_name):
+    """Run the decorated hook when `module_name` is imported, once per module object
+    (the driver runs this file as __main__ beside the `openrlhf_cpu` its
+    sitecustomize imports)."""
     def register(hook):
         import wrapt
-        wrapt.register_post_import_hook(hook, module_name)
+
+        def once(module):
+            done = module.__dict__.setdefault("_openrlhf_cpu_stand_ins", set())
+            if hook.__name__ not in done:
+                done.add(hook.__name__)
+                hook(module)
+        wrapt.register_post_import_hook(once, module_name)
         return hook
     return register
 
@@ -233,6 +290,31 @@ def install_stand_ins() -> None:
         cls.save_logs_and_checkpoints = save_logs_and_checkpoints
 
 
+    @_on_import("openrlhf.trainer.ray.ppo_actor")
+    def _sync_reader(module):
+        # not a stand-in: how far the weights sent to the engine are from the
+        # pretrained ones (one line per weight sync)
+        import torch
+
+        original = module.ActorPPOTrainer.broadcast_to_vllm
+
+        @functools.wraps(original)
+        def broadcast_to_vllm(self):
+            path = os.environ.get(STATUS_ENV)
+            if path and torch.distributed.get_rank() == 0:
+                from safetensors.torch import load_file
+
+                from vllm_sampling_mask import DEMO_MODEL
+                start = load_file(os.path.join(DEMO_MODEL, "model.safetensors"))
+                change = max((float((p.detach().float() - start[n].float()).abs().max())
+                              for n, p in self.actor.model.module.named_parameters()
+                              if n in start), default=-1.0)
+                with open(path + ".sync", "a") as f:
+                    f.write(json.dumps({"weights_change": change}) + "\n")
+            return original(self)
+        module.ActorPPOTrainer.broadcast_to_vllm = broadcast_to_vllm
+
+
 class _GlooBroadcast:
     """The weight-sync group's one call, `broadcast(tensor, src, stream)`, over gloo."""
 
@@ -262,22 +344,23 @@ def setup_masked() -> None:
 # -- a run -----------------------------------------------------------------------------
 
 
-def train_args(work: str, max_new_tokens: int = 8) -> list[str]:
-    """`train_ppo_ray`'s arguments: two steps of two prompts x two samples."""
+def train_args(work: str, multi_turn: bool = False) -> list[str]:
+    """`train_ppo_ray`'s arguments: two steps of two prompts x two samples, 8 new
+    tokens (or two turns of at most 6 with `multi_turn`: the agent script above)."""
     from vllm_sampling_mask import DEMO_MODEL
 
     prompts = os.path.join(work, "prompts.jsonl")
     with open(prompts, "w") as f:
         for p in PROMPTS:
             f.write(json.dumps({"input": p}) + "\n")
-    reward = os.path.join(work, "reward.py")
-    with open(reward, "w") as f:
-        f.write(REWARD)
+    script = os.path.join(work, "agent.py" if multi_turn else "reward.py")
+    with open(script, "w") as f:
+        f.write(AGENT if multi_turn else REWARD)
     return [
         "--actor.model_name_or_path", DEMO_MODEL,
         "--data.prompt_dataset", prompts, "--data.input_key", "input",
-        "--data.max_len", "64", "--rollout.max_new_tokens", str(max_new_tokens),
-        "--reward.remote_url", reward,
+        "--data.max_len", "64", "--rollout.max_new_tokens", "8",
+        "--train.agent_func_path" if multi_turn else "--reward.remote_url", script,
         "--vllm.num_engines", "1", "--vllm.tensor_parallel_size", "1",
         "--vllm.enforce_eager", "--vllm.sync_backend", "gloo",
         "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1",
@@ -290,6 +373,7 @@ def train_args(work: str, max_new_tokens: int = 8) -> list[str]:
         "--algo.advantage.estimator", "group_norm",
         "--algo.advantage.is_correction_level", "token",
         "--algo.kl.init_coef", "0.01", "--actor.adam.lr", "1e-3",
+        "--actor.lr_scheduler", "constant", "--actor.lr_warmup_ratio", "0",
         "--ds.zero_stage", "0", "--ds.param_dtype", "bf16",
         "--ds.attn_implementation", "eager",
         "--ckpt.path", os.path.join(work, "ckpt"), "--ckpt.output_dir",
@@ -299,7 +383,9 @@ def train_args(work: str, max_new_tokens: int = 8) -> list[str]:
 
 def _driver(masks: bool, address: str, status: str, argv: list[str]) -> None:
     """One training job (a process of its own: the integration patches its process)."""
-    install_stand_ins()
+    import openrlhf_cpu      # the module its sitecustomize installed (this is __main__)
+
+    openrlhf_cpu.install_stand_ins()
     import ray
 
     env = {STATUS_ENV: status, "PYTHONPATH": os.pathsep.join([SITE, HERE, TESTS] + [
@@ -322,11 +408,14 @@ def _driver(masks: bool, address: str, status: str, argv: list[str]) -> None:
     ray.shutdown()
 
 
-def run(masks: bool, address: str, work: str, timeout: float = 1500) -> list[dict]:
+def run(masks: bool, address: str, work: str, multi_turn: bool = False,
+        timeout: float = 1500) -> list[dict]:
     """One `train_ppo_ray` job against the head at `address`; its steps' status dicts."""
-    status = os.path.join(work, f"status-{'masks' if masks else 'stock'}.jsonl")
-    if os.path.exists(status):
-        os.remove(status)
+    name = ("masks" if masks else "stock") + ("-multi-turn" if multi_turn else "")
+    status = os.path.join(work, f"status-{name}.jsonl")
+    for path in (status, status + ".sync"):
+        if os.path.exists(path):
+            os.remove(path)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([SITE, HERE, TESTS] + [
         p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
@@ -334,8 +423,8 @@ def run(masks: bool, address: str, work: str, timeout: float = 1500) -> list[dic
     env.pop("TRITON_INTERPRET", None)
     cmd = [sys.executable, os.path.abspath(__file__), "--driver",
            "masks" if masks else "stock", "--address", address, "--status", status,
-           "--", *train_args(work)]
-    log = os.path.join(work, f"driver-{'masks' if masks else 'stock'}.log")
+           "--", *train_args(work, multi_turn)]
+    log = os.path.join(work, f"driver-{name}.log")
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
@@ -350,7 +439,11 @@ def run(masks: bool, address: str, work: str, timeout: float = 1500) -> list[dic
             tail = f.read()[-6000:]
         raise RuntimeError(f"train_ppo_ray exited {rc}; its log {log} ends:\n{tail}")
     with open(status) as f:
-        return [json.loads(line) for line in f]
+        steps = [json.loads(line) for line in f]
+    with open(status + ".sync") as f:       # one weight sync per step, after its update
+        for step, line in zip(steps, f):
+            step.update(json.loads(line))
+    return steps
 
 
 @contextlib.contextmanager
@@ -370,6 +463,8 @@ def head(num_cpus: int = 8, num_gpus: int = 4):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--masks", action="store_true", help="the masked run only")
+    parser.add_argument("--multi-turn", action="store_true",
+                        help="then a masked run with the two-turn agent script")
     parser.add_argument("--driver", choices=["masks", "stock"], help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     parser.add_argument("--status", help=argparse.SUPPRESS)
@@ -378,17 +473,21 @@ def main() -> None:
     if args.driver:
         _driver(args.driver == "masks", args.address, args.status, args.rest)
         return
+    plan = [(True, False)] + ([] if args.masks else [(False, False)])
+    plan += [(True, True)] if args.multi_turn else []
     with tempfile.TemporaryDirectory(prefix="openrlhf-cpu-") as work, head() as address:
-        for masks in (True,) if args.masks else (True, False):
+        for masks, multi_turn in plan:
             start = time.monotonic()
-            steps = run(masks, address, work)
+            steps = run(masks, address, work, multi_turn)
             took = time.monotonic() - start
-            print(f"{'with masks' if masks else 'without masks'}: {len(steps)} steps, "
-                  f"{took:.0f} s")
+            print(f"{'with masks' if masks else 'without masks'}"
+                  f"{', two turns' if multi_turn else ''}: {len(steps)} steps, {took:.0f} s")
             for s in steps:
                 print(f"  step {s['global_step']}: vllm_kl {s.get('vllm_kl'):.3g}, "
                       f"is_filter_ratio {s.get('is_filter_ratio'):.3g}, "
-                      f"policy_loss {s.get('policy_loss'):.4g}, reward {s.get('reward'):.3g}")
+                      f"policy_loss {s.get('policy_loss'):.4g}, reward {s.get('reward'):.3g}, "
+                      f"weights moved {s.get('weights_change', 0):.2g}"
+                      + (f", turns {s['turns']:.2g}" if "turns" in s else ""))
 
 
 if __name__ == "__main__":

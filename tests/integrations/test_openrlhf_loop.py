@@ -51,8 +51,10 @@ def test_two_steps_run_with_the_weight_sync_between(runs):
     for name, steps in runs.items():
         assert [s["global_step"] for s in steps] == [1, 2], name
         for s in steps:
-            # the optimizer stepped and the weights went to the engine
-            assert s["actor_grad_norm"] > 0 and s["timing/broadcast"] > 0, (name, s)
+            # the optimizer stepped (a learning rate from the first step on) and the
+            # weights the sync sent to the engine are no longer the pretrained ones
+            assert s["actor_lr"] > 0 and s["weights_change"] > 0, (name, s)
+            assert s["timing/broadcast"] > 0, (name, s)
             assert s["vllm_kl"] == s["vllm_kl"], (name, s)     # the correction ran
 
 
