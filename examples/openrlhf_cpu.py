@@ -28,26 +28,27 @@ Each replaces the line named, nothing of OpenRLHF's logic:
   `torch.cuda.empty_cache` (utils/distributed_util.py:10, launcher.py:64-65,
   ppo_actor.py:417 and :489): the CPU device, no-ops.
 - `trainer/ppo_utils/replay_buffer.py:40` `torch.device(f"cuda:{...}")`: the CPU.
-- `utils/deepspeed/deepspeed.py:104` `init_device_mesh("cuda", ...)`: a CPU mesh.
-- `--ds.param_dtype` takes bf16 or fp16 only (cli/train_ppo_ray.py:583): the harness
+- `utils/deepspeed/deepspeed.py:105` `init_device_mesh("cuda", ...)`: a CPU mesh.
+- `--ds.param_dtype` takes bf16 or fp16 only (cli/train_ppo_ray.py:334): the harness
   passes bf16 and runs float32, as the engine does: `utils/utils.py:17`
   (`convert_to_torch_dtype`) gives float32, and DeepSpeed's `"bf16": {"enabled"}`
   (utils/deepspeed/deepspeed_utils.py:50 and :104) is off.
 - `trainer/ray/vllm_engine.py:273` `"dtype": "bfloat16"` and `gpu_memory_utilization`
-  (vllm_engine.py:275): the rollout actor's engine runs float32 with a 1 GiB KV cache
+  (vllm_engine.py:276): the rollout actor's engine runs float32 with a 1 GiB KV cache
   (a CPU engine needs its size).
 - `trainer/ray/vllm_worker_wrap.py:40` `torch.empty(..., device="cuda")`: the weight
   buffer of `update_weight` on the CPU.
 - `utils/distributed_util.py:13-26` `stateless_init_process_group` (vLLM's
   `StatelessProcessGroup` and a `PyNcclCommunicator`, used by ppo_actor.py:147 and
-  vllm_worker_wrap.py:17): the same rendezvous with a gloo group (vLLM's
+  vllm_worker_wrap.py:20): the same rendezvous with a gloo group (vLLM's
   `stateless_init_torch_distributed_process_group`), and `torch.cuda.current_stream()`
-  (ppo_actor.py:436, vllm_worker_wrap.py:46) None. OpenRLHF's own CPU-capable route,
-  `--vllm.sync_with_ray --vllm.sync_backend gloo`, stops in Ray 2.55:
-  `TorchGLOOGroup.__init__` (ray/util/collective/collective_group/
-  torch_gloo_collective_group.py:102) skips the rendezvous where the process already
-  has a default torch.distributed group (DeepSpeed's, vLLM's) and calls
-  `dist.new_group(ranks=range(world_size))` inside that one-process world.
+  (ppo_actor.py:436, vllm_worker_wrap.py:46) None. OpenRLHF's other route,
+  `--vllm.sync_with_ray --vllm.sync_backend gloo` (Ray's collectives), cannot join the
+  two processes in Ray 2.55, read from its code: `TorchGLOOGroup.__init__`
+  (ray/util/collective/collective_group/torch_gloo_collective_group.py:61) skips the
+  rendezvous where the process already has a default torch.distributed group
+  (DeepSpeed's, vLLM's) and :107 calls `dist.new_group(ranks=range(world_size))`
+  inside that one-process world.
 
 No stand-in touches `vllm_sampling_mask.integrations.openrlhf`; the masked run installs
 it exactly as the launcher does on a CUDA host.
@@ -134,18 +135,23 @@ class AgentExecutor(MultiTurnAgentExecutor):
 # -- the stand-ins -------------------------------------------------------------------------
 
 
-def _on_import(module_name):
+def _on_import(module_name, cpu_only=True):
     """Run the decorated hook when `module_name` is imported, once per module object
     (the driver runs this file as __main__ beside the `openrlhf_cpu` its
-    sitecustomize imports)."""
+    sitecustomize imports); a stand-in (`cpu_only`) only where torch has no CUDA."""
     def register(hook):
         import wrapt
 
         def once(module):
             done = module.__dict__.setdefault("_openrlhf_cpu_stand_ins", set())
-            if hook.__name__ not in done:
-                done.add(hook.__name__)
-                hook(module)
+            if hook.__name__ in done:
+                return
+            done.add(hook.__name__)
+            if cpu_only:
+                import torch
+                if torch.cuda.is_available():
+                    return
+            hook(module)
         wrapt.register_post_import_hook(once, module_name)
         return hook
     return register
@@ -166,7 +172,7 @@ def install_stand_ins() -> None:
         return
     _stand_ins_installed = True
 
-    @_on_import("openrlhf")
+    @_on_import("openrlhf", cpu_only=False)
     def _flash_attn(module):
         if TESTS not in sys.path:
             sys.path.append(TESTS)
@@ -176,8 +182,6 @@ def install_stand_ins() -> None:
 
     @_on_import("torch")
     def _cuda(torch):
-        if torch.cuda.is_available():   # a CUDA host: nothing to stand in
-            return
         torch.cuda.current_device = lambda: "cpu"
         torch.cuda.set_device = lambda device: None
         torch.cuda.synchronize = lambda device=None: None
@@ -268,7 +272,7 @@ def install_stand_ins() -> None:
                 torch.empty = empty
         module.WorkerWrap.update_weight = update_weight
 
-    @_on_import("openrlhf.trainer.ppo_trainer")
+    @_on_import("openrlhf.trainer.ppo_trainer", cpu_only=False)
     def _status(module):
         # not a stand-in: the harness's reader of the status OpenRLHF logs each step,
         # on the class whose method the Ray actor calls (Ray's subclass may hold a copy)
@@ -290,7 +294,7 @@ def install_stand_ins() -> None:
         cls.save_logs_and_checkpoints = save_logs_and_checkpoints
 
 
-    @_on_import("openrlhf.trainer.ray.ppo_actor")
+    @_on_import("openrlhf.trainer.ray.ppo_actor", cpu_only=False)
     def _sync_reader(module):
         # not a stand-in: how far the weights sent to the engine are from the
         # pretrained ones (one line per weight sync)

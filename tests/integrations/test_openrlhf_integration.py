@@ -21,11 +21,9 @@ are skipped elsewhere:
   1e-5 at equal weights, the correction's `vllm_kl` 0); without them (OpenRLHF as
   shipped) they do not.
 
-`PolicyModelActor.forward`, `ReferenceModelActor.forward` and `ppo_train` (which
-calls `training_step`) start with `torch.cuda.current_device()`, so the actors'
-forward and training step do not run here; their patches are checked by the seams
-(tests/integrations/test_framework_seams.py) and the `masks_for_forward` hand-off they
-use is tested below with `Actor.forward`.
+`PolicyModelActor.forward`, `ReferenceModelActor.forward` and `training_step` hand the
+masks to `Actor.forward` (`masks_for_forward`, tested below); they run in OpenRLHF's
+whole loop in tests/integrations/test_openrlhf_loop.py.
 
 A test-only stand-in of flash-attn (tests/flash_attn_stand_in.py):
 `openrlhf.models.actor` imports `flash_attn.bert_padding` and
@@ -354,8 +352,8 @@ def test_packed_samples_take_the_same_log_probs_over_the_support(actor, batch):
                        sampling_mask=batch.sampling_mask)
     captured = {}
 
-    def keep_logits(module, args, output):
-        captured["logits"] = output["logits"]
+    def keep_logits(module, args, output):   # the first forward's: the masked one
+        captured.setdefault("logits", output["logits"])
 
     actor.packing_samples = True
     handle = actor.model.register_forward_hook(keep_logits)
@@ -399,7 +397,8 @@ def test_each_patch_has_its_record_and_seams():
     for patch in adapter.PATCHES:
         assert patch.what and patch.why and patch.remove_when, patch.name
         assert OPENRLHF_SEAMS.get(patch.seams), patch.name
-        assert patch.module.startswith("openrlhf.")
+        assert patch.modules and all(m.startswith("openrlhf.") for m in patch.modules)
+        assert callable(getattr(adapter, f"patch_{patch.name}"))
 
 
 def test_install_patches_openrlhfs_modules_as_they_load():

@@ -1,13 +1,16 @@
 """OpenRLHF 0.11.2's whole PPO loop (`train_ppo_ray`) with sampling masks, on a CPU host.
 
-One module-scoped pair of runs of examples/openrlhf_cpu.py's job on a loopback Ray head
+Three module-scoped runs of examples/openrlhf_cpu.py's job on a loopback Ray head
 (logical GPUs): `train_ppo_ray` through the launcher (masks), then as shipped (the
 control), each two steps: rollout on the demo model's vLLM engine (float32, top-p 0.7,
 temperature 0.8), OpenRLHF's experience maker with the policy's old and the
 reference's log-probabilities (`PolicyModelActor.forward`,
 `ReferenceModelActor.forward`), the loss and DeepSpeed's optimizer step
 (`training_step`), the weight sync to the engine, and the second rollout on the new
-weights. The figures are OpenRLHF's own: the status dict its `PPOTrainer` logs each
+weights; then the masked job again with a two-turn agent script
+(`--train.agent_func_path`, OpenRLHF's `MultiTurnAgentExecutor`: each turn's tokens
+carry their request's supports, the environment's tokens between them none). The
+figures are OpenRLHF's own: the status dict its `PPOTrainer` logs each
 step. The CPU-host stand-ins for OpenRLHF's CUDA-only lines are the harness's (its
 docstring lists each with the line it replaces); none touches the integration.
 """
@@ -44,7 +47,8 @@ def runs():
     with tempfile.TemporaryDirectory(prefix="openrlhf-loop-") as work, \
             harness.head() as address:
         yield {"masks": harness.run(True, address, work),
-               "stock": harness.run(False, address, work)}
+               "stock": harness.run(False, address, work),
+               "multi_turn": harness.run(True, address, work, multi_turn=True)}
 
 
 def test_two_steps_run_with_the_weight_sync_between(runs):
@@ -73,3 +77,13 @@ def test_without_masks_the_same_loop_reads_the_mismatch(runs):
     for s in runs["stock"]:
         assert abs(s["vllm_kl"]) > 1e-3, s
     print("\nwithout masks:", [(s["vllm_kl"], s["is_filter_ratio"]) for s in runs["stock"]])
+
+
+def test_multi_turn_each_turn_carries_its_supports(runs):
+    """OpenRLHF's MultiTurnAgentExecutor (two answers with environment tokens
+    between): the correction reads 0 over both turns' tokens at both steps."""
+    for s in runs["multi_turn"]:
+        assert s["turns"] == 2.0, s
+        assert abs(s["vllm_kl"]) < 1e-5 and s["is_filter_ratio"] == 0.0, s
+    print("\ntwo turns, with masks:",
+          [(s["vllm_kl"], s["is_filter_ratio"]) for s in runs["multi_turn"]])

@@ -89,10 +89,11 @@ M_ACTOR = "openrlhf.models.actor"
 
 @dataclasses.dataclass(frozen=True)
 class Patch:
-    """One change to OpenRLHF, recorded like the overlay's vLLM patches."""
+    """One change to OpenRLHF, recorded like the overlay's vLLM patches: `install`
+    registers its one hook, `patch_<name>`, for each of its `modules`."""
 
     name: str
-    module: str
+    modules: tuple[str, ...]
     what: str
     why: str
     remove_when: str
@@ -103,28 +104,28 @@ _NO_FIELD = ("OpenRLHF has a field for a per-token sampling support (or a per-sa
              "extra-fields dict its batching carries)")
 
 PATCHES: tuple[Patch, ...] = (
-    Patch("experience_field", M_EXPERIENCE,
+    Patch("experience_field", (M_EXPERIENCE,),
           "Experience gets a `sampling_mask` list field",
           "its batching copies only the dataclass's fields()", _NO_FIELD,
           "experience"),
-    Patch("rollout", M_ENGINE,
+    Patch("rollout", (M_ENGINE,),
           "RolloutRayActor.generate_responses records each request's mask for the "
           "sample's dict",
           "executors return named keys built from the RequestOutput and drop the rest",
           "an executor's dict carries the RequestOutput's sampling_mask", "rollout"),
-    Patch("experience", M_SAMPLES,
+    Patch("experience", (M_SAMPLES,),
           "_process_response_into_experience puts the dict's mask on the Experience",
           "it builds the Experience from named keys only", _NO_FIELD, "experience"),
-    Patch("old_logprobs", M_MAKER,
+    Patch("old_logprobs", (M_MAKER, M_LAUNCHER, M_PPO_ACTOR),
           "make_experience sends each micro-batch's masks to the policy and reference "
           "actors' forward (PolicyModelActor.forward, ReferenceModelActor.forward)",
           "the forward calls take sequences, action_mask and attention_mask only",
           "those forwards take per-token supports", "old_logprobs"),
-    Patch("train_step", M_PPO_ACTOR,
+    Patch("train_step", (M_PPO_ACTOR,),
           "ActorPPOTrainer.training_step passes the experience's masks to Actor.forward",
           "it calls Actor.forward with sequences and masks only",
           "Actor.forward takes per-token supports", "train_step"),
-    Patch("actor_forward", M_ACTOR,
+    Patch("actor_forward", (M_ACTOR,),
           "Actor.forward takes action log-probabilities over each token's support",
           "it takes them over the full softmax", "Actor.forward takes per-token supports",
           "actor_forward"),
@@ -155,11 +156,9 @@ def install() -> None:
         return
     import wrapt
 
-    for module, hook in ((M_EXPERIENCE, patch_experience), (M_ENGINE, patch_rollout),
-                         (M_SAMPLES, patch_samples), (M_MAKER, patch_maker),
-                         (M_LAUNCHER, patch_reference), (M_PPO_ACTOR, patch_ppo_actor),
-                         (M_ACTOR, patch_actor)):
-        wrapt.register_post_import_hook(hook, module)
+    for patch in PATCHES:
+        for module in patch.modules:
+            wrapt.register_post_import_hook(globals()[f"patch_{patch.name}"], module)
     _installed = True
 
 
@@ -327,14 +326,14 @@ def _wrap(cls, name, make):
 # -- experience_field ----------------------------------------------------------------
 
 
-def patch_experience(module) -> None:
+def patch_experience_field(module) -> None:
     """`Experience` gets the `sampling_mask` field (a list, like `prompts`)."""
     cls = module.Experience
     if MASK_KEY in cls.__dataclass_fields__:
         return
-    f = dataclasses.field(default_factory=list)
-    f.name, f.type = MASK_KEY, list
-    f._field_type = dataclasses._FIELD
+    # the field as `dataclasses` builds it (named, typed, a field to `fields()`)
+    f, = dataclasses.fields(dataclasses.make_dataclass(
+        "SamplingMaskField", [(MASK_KEY, list, dataclasses.field(default_factory=list))]))
     cls.__dataclass_fields__[MASK_KEY] = f
     cls.__annotations__[MASK_KEY] = list
     original = cls.__init__
@@ -426,7 +425,7 @@ def patch_rollout(module) -> None:
 # -- experience ------------------------------------------------------------------------
 
 
-def patch_samples(module) -> None:
+def patch_experience(module) -> None:
     """`_process_response_into_experience` keeps the dict's mask, cut like the action
     mask (`[1:max_len]`)."""
     cls = module.SamplesGenerator
@@ -452,7 +451,7 @@ _batch_masks: contextvars.ContextVar = contextvars.ContextVar("openrlhf_batch_ma
                                                              default=None)
 
 
-def patch_maker(module) -> None:
+def _patch_maker(module) -> None:
     """`make_experience` sends each micro-batch's masks along with the policy's and the
     reference's forward (`_dispatch_forward`)."""
     cls = module.RemoteExperienceMaker
@@ -492,18 +491,22 @@ def _forward_taking_masks(original):
     return forward
 
 
-def patch_reference(module) -> None:
-    """`ReferenceModelActor.forward` takes `sampling_mask=`."""
-    _wrap(_actor_class(module.ReferenceModelActor), "forward", _forward_taking_masks)
+def patch_old_logprobs(module) -> None:
+    """The experience maker sends the masks (`_patch_maker`); the reference's
+    (launcher) and the policy's (ppo_actor) `forward` take `sampling_mask=`."""
+    if module.__name__ == M_MAKER:
+        _patch_maker(module)
+    elif module.__name__ == M_LAUNCHER:
+        _wrap(_actor_class(module.ReferenceModelActor), "forward", _forward_taking_masks)
+    else:
+        _wrap(_actor_class(module.PolicyModelActor), "forward", _forward_taking_masks)
 
 
 # -- train_step ------------------------------------------------------------------------
 
 
-def patch_ppo_actor(module) -> None:
-    """`PolicyModelActor.forward` takes `sampling_mask=`; `training_step` passes the
-    experience's masks to `Actor.forward`."""
-    _wrap(_actor_class(module.PolicyModelActor), "forward", _forward_taking_masks)
+def patch_train_step(module) -> None:
+    """`training_step` passes the experience's masks to `Actor.forward`."""
 
     def make(original):
         def training_step(self, experience, *args, **kwargs):
@@ -520,7 +523,7 @@ def patch_ppo_actor(module) -> None:
 # -- actor_forward ---------------------------------------------------------------------
 
 
-def patch_actor(module) -> None:
+def patch_actor_forward(module) -> None:
     """`Actor.forward` takes the action log-probabilities over the supports in
     `masks_for_forward` (or its `sampling_mask=` argument)."""
 
