@@ -43,12 +43,12 @@ Each replaces the line named, nothing of OpenRLHF's logic:
   vllm_worker_wrap.py:20): the same rendezvous with a gloo group (vLLM's
   `stateless_init_torch_distributed_process_group`), and `torch.cuda.current_stream()`
   (ppo_actor.py:436, vllm_worker_wrap.py:46) None. OpenRLHF's other route,
-  `--vllm.sync_with_ray --vllm.sync_backend gloo` (Ray's collectives), cannot join the
-  two processes in Ray 2.55, read from its code: `TorchGLOOGroup.__init__`
-  (ray/util/collective/collective_group/torch_gloo_collective_group.py:61) skips the
-  rendezvous where the process already has a default torch.distributed group
-  (DeepSpeed's, vLLM's) and :107 calls `dist.new_group(ranks=range(world_size))`
-  inside that one-process world.
+  `--vllm.sync_with_ray --vllm.sync_backend gloo` (Ray's collectives), fails with Ray
+  2.55: `TorchGLOOGroup.__init__` (ray/util/collective/collective_group/
+  torch_gloo_collective_group.py:61) skips the rendezvous where the process already
+  has a default torch.distributed group (DeepSpeed's) and :107
+  `dist.new_group(ranks=ranks, backend="gloo")` raises "ValueError: the new group's
+  world size should be less or equal to the world size set by init_process_group".
 
 No stand-in touches `vllm_sampling_mask.integrations.openrlhf`; the masked run installs
 it exactly as the launcher does on a CUDA host.

@@ -13,6 +13,7 @@ carry their request's supports, the environment's tokens between them none). The
 figures are OpenRLHF's own: the status dict its `PPOTrainer` logs each
 step. The CPU-host stand-ins for OpenRLHF's CUDA-only lines are the harness's (its
 docstring lists each with the line it replaces); none touches the integration.
+`-k "not multi_turn"` leaves the third job out.
 """
 
 from __future__ import annotations
@@ -42,13 +43,24 @@ def _harness():
 
 
 @pytest.fixture(scope="module")
-def runs():
+def head():
     harness = _harness()
     with tempfile.TemporaryDirectory(prefix="openrlhf-loop-") as work, \
             harness.head() as address:
-        yield {"masks": harness.run(True, address, work),
-               "stock": harness.run(False, address, work),
-               "multi_turn": harness.run(True, address, work, multi_turn=True)}
+        yield harness, address, work
+
+
+@pytest.fixture(scope="module")
+def runs(head):
+    harness, address, work = head
+    return {"masks": harness.run(True, address, work),
+            "stock": harness.run(False, address, work)}
+
+
+@pytest.fixture(scope="module")
+def multi_turn(head):
+    harness, address, work = head
+    return harness.run(True, address, work, multi_turn=True)
 
 
 def test_two_steps_run_with_the_weight_sync_between(runs):
@@ -79,11 +91,14 @@ def test_without_masks_the_same_loop_reads_the_mismatch(runs):
     print("\nwithout masks:", [(s["vllm_kl"], s["is_filter_ratio"]) for s in runs["stock"]])
 
 
-def test_multi_turn_each_turn_carries_its_supports(runs):
+def test_multi_turn_each_turn_carries_its_supports(multi_turn):
     """OpenRLHF's MultiTurnAgentExecutor (two answers with environment tokens
-    between): the correction reads 0 over both turns' tokens at both steps."""
-    for s in runs["multi_turn"]:
+    between): the correction reads 0 over both turns' tokens at both steps, after a
+    weight sync that moved the weights."""
+    assert [s["global_step"] for s in multi_turn] == [1, 2]
+    for s in multi_turn:
+        assert s["weights_change"] > 0, s
         assert s["turns"] == 2.0, s
         assert abs(s["vllm_kl"]) < 1e-5 and s["is_filter_ratio"] == 0.0, s
     print("\ntwo turns, with masks:",
-          [(s["vllm_kl"], s["is_filter_ratio"]) for s in runs["multi_turn"]])
+          [(s["vllm_kl"], s["is_filter_ratio"]) for s in multi_turn])
