@@ -89,6 +89,25 @@ def test_support_log_probs_over_each_rows_support_full_softmax_without_one():
     assert torch.allclose(values, torch.tensor(want, dtype=values.dtype))
 
 
+def test_packed_support_log_probs_read_the_same_rows_at_the_attended_tokens():
+    """OpenRLHF's packed layout: the logits of the attended tokens only, row-major in
+    one row; padding columns read 0."""
+    logits = torch.randn(2, 5, 10, dtype=torch.float64)
+    sequences = torch.tensor([[0, 4, 5, 0, 0], [1, 3, 3, 7, 6]])
+    attention = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    masks = [(np.array([4, 9, 5, 0, 2, 8], np.int32), np.array([0, 2, 3, 6])),
+             (np.array([3, 1], np.int32), np.array([0, 0, 2]))]
+    padded = adapter.support_log_probs(logits, sequences, masks, 4)
+    packed_logits = logits.reshape(10, 10)[attention.flatten().bool()].unsqueeze(0)
+    packed = adapter.packed_support_log_probs(packed_logits, sequences, attention, masks, 4)
+    keep = attention[:, :4].bool()          # column j: predicted at token j
+    assert torch.allclose(packed[keep], padded[keep])
+    assert packed[0, 3] == 0                # token 3 of sample 0 is padding
+    with pytest.raises(ValueError, match="--ds.ring_attn_size 1"):
+        adapter.packed_support_log_probs(packed_logits[:, :5], sequences, attention,
+                                         masks, 4)
+
+
 # -- OpenRLHF's rollout actor with a real engine ----------------------------------------
 
 
