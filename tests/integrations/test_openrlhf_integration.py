@@ -21,17 +21,14 @@ are skipped elsewhere:
   1e-5 at equal weights, the correction's `vllm_kl` 0); without them (OpenRLHF as
   shipped) they do not.
 
-`PolicyModelActor.forward`, `ReferenceModelActor.forward` and `ppo_train` (which
-calls `training_step`) start with `torch.cuda.current_device()`, so the actors'
-forward and training step do not run here; their patches are checked by the seams
-(tests/integrations/test_framework_seams.py) and the `masks_for_forward` hand-off they
-use is tested below with `Actor.forward`.
+`PolicyModelActor.forward`, `ReferenceModelActor.forward` and `training_step` hand the
+masks to `Actor.forward` (`masks_for_forward`, tested below); they run in OpenRLHF's
+whole loop in tests/integrations/test_openrlhf_loop.py.
 
 A test-only stand-in of flash-attn (tests/flash_attn_stand_in.py):
 `openrlhf.models.actor` imports `flash_attn.bert_padding` and
-`flash_attn.utils.distributed` at module top (for packed samples, which these tests do
-not use), and flash-attn does not build without CUDA; the stand-in holds those pure
-tensor functions only.
+`flash_attn.utils.distributed` at module top (for packed samples), and flash-attn
+does not build without CUDA; the stand-in holds those pure tensor functions only.
 """
 
 from __future__ import annotations
@@ -90,6 +87,25 @@ def test_support_log_probs_over_each_rows_support_full_softmax_without_one():
              z[0, 2, 2] - z[0, 2].logsumexp(0)],
             [z[1, j, sequences[1, j + 1]] - z[1, j].logsumexp(0) for j in range(3)]]
     assert torch.allclose(values, torch.tensor(want, dtype=values.dtype))
+
+
+def test_packed_support_log_probs_read_the_same_rows_at_the_attended_tokens():
+    """OpenRLHF's packed layout: the logits of the attended tokens only, row-major in
+    one row; padding columns read 0."""
+    logits = torch.randn(2, 5, 10, dtype=torch.float64)
+    sequences = torch.tensor([[0, 4, 5, 0, 0], [1, 3, 3, 7, 6]])
+    attention = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    masks = [(np.array([4, 9, 5, 0, 2, 8], np.int32), np.array([0, 2, 3, 6])),
+             (np.array([3, 1], np.int32), np.array([0, 0, 2]))]
+    padded = adapter.support_log_probs(logits, sequences, masks, 4)
+    packed_logits = logits.reshape(10, 10)[attention.flatten().bool()].unsqueeze(0)
+    packed = adapter.packed_support_log_probs(packed_logits, sequences, attention, masks, 4)
+    keep = attention[:, :4].bool()          # column j: predicted at token j
+    assert torch.allclose(packed[keep], padded[keep])
+    assert packed[0, 3] == 0                # token 3 of sample 0 is padding
+    with pytest.raises(ValueError, match="--ds.ring_attn_size 1"):
+        adapter.packed_support_log_probs(packed_logits[:, :5], sequences, attention,
+                                         masks, 4)
 
 
 # -- OpenRLHF's rollout actor with a real engine ----------------------------------------
@@ -342,14 +358,54 @@ def test_the_loss_gradient_reaches_only_each_tokens_support(actor, batch):
                 assert nonzero, (b, j)
 
 
-def test_packed_samples_are_refused_naming_the_flag(actor, batch):
+def test_packed_samples_take_the_same_log_probs_over_the_support(actor, batch):
+    """`--ds.packing_samples`: OpenRLHF's `Actor.forward` unpads the batch into one row
+    (`unpad_and_slice_tensor`, position ids restarting per sample) and pads the
+    log-probabilities back; with the masks each action token's log-probability is
+    taken over its support there too, equal to the padded layout's and the engine's,
+    and the gradient reaches the support ids only."""
+    from openrlhf.models.loss import PolicyLoss
+
+    with torch.no_grad():
+        padded = actor(batch.sequences, batch.action_mask, batch.attention_mask,
+                       sampling_mask=batch.sampling_mask)
+    captured = {}
+
+    def keep_logits(module, args, output):   # the first forward's: the masked one
+        captured.setdefault("logits", output["logits"])
+
     actor.packing_samples = True
+    handle = actor.model.register_forward_hook(keep_logits)
     try:
-        with pytest.raises(ValueError, match="--ds.packing_samples"):
+        packed = actor(batch.sequences, batch.action_mask, batch.attention_mask,
+                       sampling_mask=batch.sampling_mask)
+        with torch.no_grad():
+            stock = actor(batch.sequences, batch.action_mask, batch.attention_mask)
+        with pytest.raises(ValueError, match="--ds.ring_attn_size 1"):
             actor(batch.sequences, batch.action_mask, batch.attention_mask,
-                  sampling_mask=batch.sampling_mask)
+                  ring_attn_group=object(), sampling_mask=batch.sampling_mask)
     finally:
+        handle.remove()
         actor.packing_samples = False
+    logits = captured["logits"]
+    assert logits.shape[0] == 1 and logits.shape[1] == int(batch.attention_mask.sum())
+    keep = batch.action_mask.bool()
+    assert torch.allclose(packed.detach()[keep], padded[keep], atol=1e-5)
+    ratio = _ratio(packed.detach(), batch)
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5), ratio
+    assert (_ratio(stock, batch) - 1).abs().max() > 1e-2       # packed, as shipped
+    logits.retain_grad()
+    loss, *_ = PolicyLoss()(packed, padded, torch.ones_like(packed),
+                            action_mask=batch.action_mask)
+    loss.backward()
+    flat = torch.nonzero(batch.attention_mask.flatten()).flatten().tolist()
+    length = batch.sequences.shape[1]
+    rows = {b: _rows(m) for b, m in enumerate(batch.sampling_mask)}
+    for p, i in enumerate(flat):
+        b, j = divmod(i, length)
+        nonzero = set(torch.nonzero(logits.grad[0, p]).flatten().tolist())
+        row = rows[b][j] if j < len(rows[b]) else []
+        assert nonzero <= set(row), (b, j)
 
 
 def test_each_patch_has_its_record_and_seams():
@@ -360,7 +416,8 @@ def test_each_patch_has_its_record_and_seams():
     for patch in adapter.PATCHES:
         assert patch.what and patch.why and patch.remove_when, patch.name
         assert OPENRLHF_SEAMS.get(patch.seams), patch.name
-        assert patch.module.startswith("openrlhf.")
+        assert patch.modules and all(m.startswith("openrlhf.") for m in patch.modules)
+        assert callable(getattr(adapter, f"patch_{patch.name}"))
 
 
 def test_install_patches_openrlhfs_modules_as_they_load():

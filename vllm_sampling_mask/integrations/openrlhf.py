@@ -36,8 +36,9 @@ every process of the job: the launcher below does that), each patch a record in
 - `actor_forward`: `Actor.forward`, given masks, takes each action token's
   log-probability over its support (`training.nucleus_logprobs` on the
   temperature-scaled logits; rows without a mask keep the full softmax,
-  `empty_support="full"`). Packed samples (`--ds.packing_samples`) are refused with
-  a ValueError naming the flag.
+  `empty_support="full"`), in the padded layout or the packed one
+  (`--ds.packing_samples`, `packed_support_log_probs`); ring attention
+  (`--ds.ring_attn_size` > 1) is refused with a ValueError naming the flag.
 
 The engine flag: `create_vllm_engines` builds the engines with fixed arguments, so
 they take it from `VLLM_SAMPLING_MASK_RETURN=1`, which the launcher sets for every
@@ -70,7 +71,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 __all__ = ["MASK_KEY", "PATCHES", "install", "runtime_env", "observation_rows",
-           "action_rows", "support_log_probs", "masks_for_forward", "main"]
+           "action_rows", "support_log_probs", "packed_support_log_probs",
+           "masks_for_forward", "main"]
 
 # the key in the executor's dict and the Experience field
 MASK_KEY = "sampling_mask"
@@ -87,10 +89,11 @@ M_ACTOR = "openrlhf.models.actor"
 
 @dataclasses.dataclass(frozen=True)
 class Patch:
-    """One change to OpenRLHF, recorded like the overlay's vLLM patches."""
+    """One change to OpenRLHF, recorded like the overlay's vLLM patches: `install`
+    registers its one hook, `patch_<name>`, for each of its `modules`."""
 
     name: str
-    module: str
+    modules: tuple[str, ...]
     what: str
     why: str
     remove_when: str
@@ -101,28 +104,28 @@ _NO_FIELD = ("OpenRLHF has a field for a per-token sampling support (or a per-sa
              "extra-fields dict its batching carries)")
 
 PATCHES: tuple[Patch, ...] = (
-    Patch("experience_field", M_EXPERIENCE,
+    Patch("experience_field", (M_EXPERIENCE,),
           "Experience gets a `sampling_mask` list field",
           "its batching copies only the dataclass's fields()", _NO_FIELD,
           "experience"),
-    Patch("rollout", M_ENGINE,
+    Patch("rollout", (M_ENGINE,),
           "RolloutRayActor.generate_responses records each request's mask for the "
           "sample's dict",
           "executors return named keys built from the RequestOutput and drop the rest",
           "an executor's dict carries the RequestOutput's sampling_mask", "rollout"),
-    Patch("experience", M_SAMPLES,
+    Patch("experience", (M_SAMPLES,),
           "_process_response_into_experience puts the dict's mask on the Experience",
           "it builds the Experience from named keys only", _NO_FIELD, "experience"),
-    Patch("old_logprobs", M_MAKER,
+    Patch("old_logprobs", (M_MAKER, M_LAUNCHER, M_PPO_ACTOR),
           "make_experience sends each micro-batch's masks to the policy and reference "
           "actors' forward (PolicyModelActor.forward, ReferenceModelActor.forward)",
           "the forward calls take sequences, action_mask and attention_mask only",
           "those forwards take per-token supports", "old_logprobs"),
-    Patch("train_step", M_PPO_ACTOR,
+    Patch("train_step", (M_PPO_ACTOR,),
           "ActorPPOTrainer.training_step passes the experience's masks to Actor.forward",
           "it calls Actor.forward with sequences and masks only",
           "Actor.forward takes per-token supports", "train_step"),
-    Patch("actor_forward", M_ACTOR,
+    Patch("actor_forward", (M_ACTOR,),
           "Actor.forward takes action log-probabilities over each token's support",
           "it takes them over the full softmax", "Actor.forward takes per-token supports",
           "actor_forward"),
@@ -153,11 +156,9 @@ def install() -> None:
         return
     import wrapt
 
-    for module, hook in ((M_EXPERIENCE, patch_experience), (M_ENGINE, patch_rollout),
-                         (M_SAMPLES, patch_samples), (M_MAKER, patch_maker),
-                         (M_LAUNCHER, patch_reference), (M_PPO_ACTOR, patch_ppo_actor),
-                         (M_ACTOR, patch_actor)):
-        wrapt.register_post_import_hook(hook, module)
+    for patch in PATCHES:
+        for module in patch.modules:
+            wrapt.register_post_import_hook(globals()[f"patch_{patch.name}"], module)
     _installed = True
 
 
@@ -204,40 +205,85 @@ def action_rows(rows, start: int, stop: int):
     return ids[sub[0]:sub[-1]].copy(), (sub - sub[0]).astype(np.int64)
 
 
+def _supports_at(masks, b_idx: np.ndarray, t_idx: np.ndarray):
+    """`(ids, offsets)` over the positions `(b_idx[k], t_idx[k])` (sorted by sample,
+    then column): row t of `masks[b]` where that mask has one, an empty row elsewhere."""
+    counts = np.zeros(len(b_idx), dtype=np.int64)
+    parts = []
+    for b in np.unique(b_idx):
+        mask = masks[b] if b < len(masks) else None
+        if mask is None:
+            continue
+        ids, offsets = _pair(mask)
+        where = np.nonzero(b_idx == b)[0]
+        has = t_idx[where] < len(offsets) - 1
+        rows = t_idx[where][has]
+        starts = offsets[rows]
+        lens = offsets[rows + 1] - starts
+        parts.append(ids[np.repeat(starts - (np.cumsum(lens) - lens), lens)
+                         + np.arange(lens.sum())])
+        counts[where[has]] = lens
+    ids = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return ids.astype(np.int32), offsets
+
+
+def _values_at(flat, rows, b_idx, t_idx, sequences, masks):
+    """Log-probabilities of `sequences[b, t + 1]` from `flat[rows]` at the positions
+    `(b_idx, t_idx)`, over each position's support (the full softmax without one)."""
+    import torch
+
+    from vllm_sampling_mask.training import nucleus_logprobs
+
+    device = flat.device
+    logits = flat.index_select(0, torch.as_tensor(rows, device=device))
+    labels = sequences[torch.as_tensor(b_idx, device=sequences.device),
+                       torch.as_tensor(t_idx + 1, device=sequences.device)].to(device)
+    ids, offsets = _supports_at(masks, b_idx, t_idx)
+    return nucleus_logprobs(logits, labels, (torch.as_tensor(ids, device=device),
+                                             torch.as_tensor(offsets, device=device)),
+                            empty_support="full")
+
+
 def support_log_probs(logits, sequences, masks, columns: int):
     """Log-probabilities `[B, columns]` of `sequences[:, 1:]` (column j: the token at
     j + 1, predicted by logits row j) over each token's support, where `masks[b]`
     (`(ids, offsets)` over the sample's first columns) gives one; the full softmax
     elsewhere (`empty_support="full"`). `logits` `[B, T, V]` are already divided by the
     temperature. Differentiable in `logits`."""
-    import torch
-
-    from vllm_sampling_mask.training import nucleus_logprobs
-
     batch, length, _ = logits.shape
     if columns > length - 1:
         raise ValueError(f"{columns} columns but sequences of {length} tokens")
-    rows, labels, ids_parts, counts = [], [], [], []
-    for b in range(batch):
-        mask = masks[b] if b < len(masks) else None
-        n = 0
-        if mask is not None:
-            ids, offsets = _pair(mask)
-            n = min(len(offsets) - 1, columns)
-            ids_parts.append(ids[offsets[0]:offsets[n]])
-            counts.append(np.diff(offsets[:n + 1]))
-        counts.append(np.zeros(columns - n, dtype=np.int64))
-        rows.append(b * length + np.arange(columns))
-    rows = torch.as_tensor(np.concatenate(rows), device=logits.device)
-    flat = logits.reshape(batch * length, -1).index_select(0, rows)
-    labels = sequences[:, 1:columns + 1].reshape(-1)
-    offsets = np.concatenate([[0], np.cumsum(np.concatenate(counts))]).astype(np.int64)
-    ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.int32)
-    values = nucleus_logprobs(
-        flat, labels, (torch.as_tensor(ids, device=logits.device),
-                       torch.as_tensor(offsets, device=logits.device)),
-        empty_support="full")
+    b_idx = np.repeat(np.arange(batch), columns)
+    t_idx = np.tile(np.arange(columns), batch)
+    values = _values_at(logits.reshape(batch * length, -1), b_idx * length + t_idx,
+                        b_idx, t_idx, sequences, masks)
     return values.view(batch, columns)
+
+
+def packed_support_log_probs(logits, sequences, attention_mask, masks, columns: int):
+    """`support_log_probs` for OpenRLHF's packed layout (`--ds.packing_samples`):
+    `logits` `[1, N, V]` are those of the N tokens where `attention_mask` `[B, T]` is
+    set, in row-major order (OpenRLHF's `unpad_and_slice_tensor`, one ring-attention
+    rank). Columns of padding tokens read 0, as OpenRLHF's `gather_and_pad_tensor`
+    leaves them. Differentiable in `logits`."""
+    import torch
+
+    batch, length = sequences.shape
+    if columns > length - 1:
+        raise ValueError(f"{columns} columns but sequences of {length} tokens")
+    flat = logits.reshape(-1, logits.shape[-1])
+    where = torch.nonzero(attention_mask.reshape(-1)).flatten().cpu().numpy()
+    if len(where) != flat.shape[0]:
+        raise ValueError(f"{flat.shape[0]} packed logits rows for {len(where)} attended "
+                         "tokens (ring attention splits them: --ds.ring_attn_size 1)")
+    b_idx, t_idx = where // length, where % length
+    keep = t_idx < columns
+    values = _values_at(flat, np.nonzero(keep)[0], b_idx[keep], t_idx[keep], sequences,
+                        masks)
+    out = values.new_zeros(batch * columns)
+    index = torch.as_tensor(b_idx[keep] * columns + t_idx[keep], device=values.device)
+    return out.index_put((index,), values).view(batch, columns)
 
 
 # -- the masks for the next Actor.forward ----------------------------------------------
@@ -280,14 +326,14 @@ def _wrap(cls, name, make):
 # -- experience_field ----------------------------------------------------------------
 
 
-def patch_experience(module) -> None:
+def patch_experience_field(module) -> None:
     """`Experience` gets the `sampling_mask` field (a list, like `prompts`)."""
     cls = module.Experience
     if MASK_KEY in cls.__dataclass_fields__:
         return
-    f = dataclasses.field(default_factory=list)
-    f.name, f.type = MASK_KEY, list
-    f._field_type = dataclasses._FIELD
+    # the field as `dataclasses` builds it (named, typed, a field to `fields()`)
+    f, = dataclasses.fields(dataclasses.make_dataclass(
+        "SamplingMaskField", [(MASK_KEY, list, dataclasses.field(default_factory=list))]))
     cls.__dataclass_fields__[MASK_KEY] = f
     cls.__annotations__[MASK_KEY] = list
     original = cls.__init__
@@ -379,7 +425,7 @@ def patch_rollout(module) -> None:
 # -- experience ------------------------------------------------------------------------
 
 
-def patch_samples(module) -> None:
+def patch_experience(module) -> None:
     """`_process_response_into_experience` keeps the dict's mask, cut like the action
     mask (`[1:max_len]`)."""
     cls = module.SamplesGenerator
@@ -405,7 +451,7 @@ _batch_masks: contextvars.ContextVar = contextvars.ContextVar("openrlhf_batch_ma
                                                              default=None)
 
 
-def patch_maker(module) -> None:
+def _patch_maker(module) -> None:
     """`make_experience` sends each micro-batch's masks along with the policy's and the
     reference's forward (`_dispatch_forward`)."""
     cls = module.RemoteExperienceMaker
@@ -445,18 +491,22 @@ def _forward_taking_masks(original):
     return forward
 
 
-def patch_reference(module) -> None:
-    """`ReferenceModelActor.forward` takes `sampling_mask=`."""
-    _wrap(_actor_class(module.ReferenceModelActor), "forward", _forward_taking_masks)
+def patch_old_logprobs(module) -> None:
+    """The experience maker sends the masks (`_patch_maker`); the reference's
+    (launcher) and the policy's (ppo_actor) `forward` take `sampling_mask=`."""
+    if module.__name__ == M_MAKER:
+        _patch_maker(module)
+    elif module.__name__ == M_LAUNCHER:
+        _wrap(_actor_class(module.ReferenceModelActor), "forward", _forward_taking_masks)
+    else:
+        _wrap(_actor_class(module.PolicyModelActor), "forward", _forward_taking_masks)
 
 
 # -- train_step ------------------------------------------------------------------------
 
 
-def patch_ppo_actor(module) -> None:
-    """`PolicyModelActor.forward` takes `sampling_mask=`; `training_step` passes the
-    experience's masks to `Actor.forward`."""
-    _wrap(_actor_class(module.PolicyModelActor), "forward", _forward_taking_masks)
+def patch_train_step(module) -> None:
+    """`training_step` passes the experience's masks to `Actor.forward`."""
 
     def make(original):
         def training_step(self, experience, *args, **kwargs):
@@ -473,7 +523,7 @@ def patch_ppo_actor(module) -> None:
 # -- actor_forward ---------------------------------------------------------------------
 
 
-def patch_actor(module) -> None:
+def patch_actor_forward(module) -> None:
     """`Actor.forward` takes the action log-probabilities over the supports in
     `masks_for_forward` (or its `sampling_mask=` argument)."""
 
@@ -483,10 +533,11 @@ def patch_actor(module) -> None:
             masks = sampling_mask if sampling_mask is not None else _pending.get()
             if action_mask is None or not _has_masks(masks):
                 return original(self, sequences, action_mask, attention_mask, *args, **kwargs)
-            if getattr(self, "packing_samples", False):
+            packed = getattr(self, "packing_samples", False)
+            if packed and kwargs.get("ring_attn_group") is not None:
                 raise ValueError(
-                    "sampling masks are not supported with packed samples: drop "
-                    "--ds.packing_samples (or run without the sampling-mask launcher)")
+                    "sampling masks with ring attention are not supported: run with "
+                    "--ds.ring_attn_size 1 (or without the sampling-mask launcher)")
             if len(masks) != sequences.shape[0]:
                 raise ValueError(f"{len(masks)} sampling masks for a batch of "
                                  f"{sequences.shape[0]} sequences")
@@ -494,7 +545,11 @@ def patch_actor(module) -> None:
             _, output = original(self, sequences, action_mask, attention_mask, *args,
                                  return_output=True, **kwargs)
             columns = sequences.shape[1] - 1
-            log_probs = support_log_probs(output["logits"], sequences, masks, columns)
+            if packed:
+                log_probs = packed_support_log_probs(output["logits"], sequences,
+                                                     attention_mask, masks, columns)
+            else:
+                log_probs = support_log_probs(output["logits"], sequences, masks, columns)
             action_log_probs = log_probs[:, -action_mask.shape[1]:] * action_mask.float()
             return (action_log_probs, output) if want_output else action_log_probs
         return forward

@@ -391,6 +391,8 @@ OPENRLHF_SEAMS: dict[str, tuple[Entry, ...]] = {
         SourceUses(O_ACTOR, "Actor.forward", (
             'output["logits"] = output["logits"].to(torch.float32)',
             'output["logits"].div_(self.temperature)', "if self.packing_samples:",
+            # the packed layout: the attended tokens in row-major order, one row
+            "= unpad_and_slice_tensor(",
             "log_probs = log_probs[:, :-1]",
             "action_log_probs = log_probs[:, -action_mask.shape[1] :] * action_mask.float()",
             "return (action_log_probs, output) if return_output else action_log_probs")),
