@@ -4,7 +4,7 @@ For a token sampled from support ``S_t`` at temperature ``temp``, with the train
 logits ``z = logits[t] / temp`` at its current weights::
 
     mass_outside_t = 1 - sum_{v in S_t} softmax(z)[v]
-                   = 1 - exp(logsumexp_{v in S_t} z[v] - logsumexp_v z[v])
+                   = -expm1(logsumexp_{v in S_t} log_softmax(z)[v])
 
 It is 0 when the support holds all of the trainer's probability and grows as the
 trainer's full softmax puts mass on ids the engine could not draw (the truncation's
@@ -15,9 +15,10 @@ correction (at equal weights).
 :func:`support_coverage` computes it, with the support sizes and optionally the full
 softmax's entropy, without gradient, ``chunk_rows`` rows of ``[rows, V]`` logits at a
 time (from logits, or from hidden states and the LM head). With the entropy asked for,
-it is the entropy pass a trainer already runs plus, per chunk, a gather of the chunk's
-support logits and a segmented log-sum-exp over them: ``N_chunk`` more
-``exp``/gather operations and ``O(N_chunk)`` bytes, no second ``[rows, V]`` tensor.
+it is the entropy pass a trainer already runs (logits, ``log_softmax``, ``exp``, product)
+plus, per chunk, a gather of the support's log-probabilities and a segmented
+log-sum-exp over them: ``O(N_chunk)`` more operations and bytes, no other ``[rows, V]``
+tensor.
 
 A token with an empty support (no mask: the engine did not truncate, or the token was
 not sampled) has ``mass_outside`` 0 and size 0; average over ``sizes > 0``.
@@ -114,19 +115,18 @@ def support_coverage(logits_or_hidden: torch.Tensor, mask: MaskLike,
     for a in range(0, T, chunk_rows):
         e_ = min(T, a + chunk_rows)
         if lm_head_weight is not None:
-            z = torch.nn.functional.linear(x[a:e_].to(cdt), w, b)
+            z = torch.nn.functional.linear(x[a:e_].to(cdt), w, b).div_(temp[a:e_, None])
         else:
-            z = x[a:e_].to(cdt)
-        z = z / temp[a:e_, None]
-        lse_full = torch.logsumexp(z, dim=-1)
+            z = x[a:e_].to(cdt) / temp[a:e_, None]
+        logp = torch.log_softmax(z, dim=-1)
+        del z
         if entropy:
-            logp = z - lse_full[:, None]
             ent[a:e_] = -(logp.exp() * logp).sum(dim=-1)
         k0, k1 = int(offsets[a]), int(offsets[e_])
         if k1 > k0:
             rows = seg[k0:k1] - a
-            kept = z[rows, ids[k0:k1]]
-            lse_kept, _, _ = segment_logsumexp(kept, rows, e_ - a)
-            outside = -torch.expm1((lse_kept - lse_full).clamp(max=0.0))
+            # log of the mass inside: a log-sum-exp of the support's log-probabilities
+            inside, _, _ = segment_logsumexp(logp[rows, ids[k0:k1]], rows, e_ - a)
+            outside = -torch.expm1(inside.clamp(max=0.0))
             mass[a:e_] = torch.where(sizes[a:e_] > 0, outside, torch.zeros_like(outside))
     return Coverage(mass_outside=mass, sizes=sizes, entropy=ent)
