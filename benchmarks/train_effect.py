@@ -68,8 +68,10 @@ import json
 import math
 import os
 import statistics
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -162,9 +164,9 @@ def run_one(arm: str, length: int, seed: int, steps: int, out: str, quick: bool)
     from vllm_sampling_mask.integrations.trl import MaskedGRPOTrainer
 
     sampling, trainer_kwargs, overrides = ARMS[arm]
+    scratch = tempfile.mkdtemp(prefix="train-effect-")     # TRL's output_dir, unused
     config = dict(GRPO, **sampling, **overrides, max_completion_length=length, seed=seed,
-                  max_steps=steps, output_dir=os.path.join(out, "tmp", run_name(arm, length,
-                                                                                 seed)))
+                  max_steps=steps, output_dir=scratch)
     shares: list[tuple[float, float]] = []
 
     class Trainer(MaskedGRPOTrainer):
@@ -191,13 +193,15 @@ def run_one(arm: str, length: int, seed: int, steps: int, out: str, quick: bool)
             row["is_masked_share"], row["is_clipped_share"] = shares[i]
         rows.append(row)
     record = dict(arm=arm, length=length, seed=seed, steps=steps, quick=quick,
-                  sampling=sampling, trainer_kwargs=trainer_kwargs, grpo=config,
+                  sampling=sampling, trainer_kwargs=trainer_kwargs,
+                  grpo={k: v for k, v in config.items() if k != "output_dir"},
                   task="digits", wall_s=round(wall, 1), build_s=round(built, 1),
                   step_s=round((wall - built) / max(steps, 1), 2), log=rows)
     path = os.path.join(out, run_name(arm, length, seed) + ".json")
     with open(path, "w") as f:
         json.dump(record, f, indent=1)
     _release(trainer)
+    shutil.rmtree(scratch, ignore_errors=True)
     return path
 
 
@@ -248,6 +252,7 @@ def plot(out: str, runs: list[dict]) -> str:
 
     lengths = sorted({r["length"] for r in runs})
     arms = [a for a in ARMS if any(r["arm"] == a for r in runs)]
+    colours = {arm: f"C{i}" for i, arm in enumerate(ARMS)}   # one colour per arm
     fig, axes = plt.subplots(len(lengths), len(PANELS), squeeze=False,
                              figsize=(4 * len(PANELS), 3.2 * len(lengths)))
     for i, length in enumerate(lengths):
@@ -260,10 +265,10 @@ def plot(out: str, runs: list[dict]) -> str:
                     continue
                 mean, spread = _mean_spread(columns)
                 x = list(range(1, len(mean) + 1))
-                line, = ax.plot(x, mean, label=arm)
+                ax.plot(x, mean, label=arm, color=colours[arm])
                 ax.fill_between(x, [m - s for m, s in zip(mean, spread)],
                                 [m + s for m, s in zip(mean, spread)],
-                                color=line.get_color(), alpha=0.2)
+                                color=colours[arm], alpha=0.2)
             ax.set_title(f"{title}\nlength {length}", fontsize=8)
             ax.set_xlabel("step", fontsize=8)
             ax.tick_params(labelsize=7)
