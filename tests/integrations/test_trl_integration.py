@@ -413,3 +413,10 @@ def test_without_the_integration_training_is_stock_trl(tmp_path):
                                  masked.model.named_parameters()):
         assert torch.equal(a, b), name
     assert stock.state.log_history[0]["loss"] == masked.state.log_history[0]["loss"]
+
+
+def test_a_bad_coverage_option_names_it():
+    from vllm_sampling_mask.integrations.trl import MaskedGRPOTrainer
+    with pytest.raises(ValueError, match="sampling_mask_coverage must be True or False"):
+        MaskedGRPOTrainer(model=DEMO_MODEL, reward_funcs=_reward,
+                          sampling_mask_coverage="yes")
