@@ -43,6 +43,8 @@ EXTRAS = {
     **_releases().extras(),
     # replay_check's plots (`python -m vllm_sampling_mask.tools.replay_check`)
     "replay": "matplotlib",
+    # benchmarks/train_effect.py's plot (with the `trl` extra for its runs)
+    "bench": "matplotlib",
     # TRL's GRPOTrainer with masks (vllm_sampling_mask.integrations.trl), the TRL
     # releases it was run against (integrations/seams.py TRL_TESTED; TRL 1.16 allows
     # vLLM <= 0.31)

@@ -20,6 +20,8 @@ went through its batch:
   every micro-batch's supports line up with its `completion_mask` (counts equal);
 - a completion without a mask (empty supports) gets the full softmax's
   log-probabilities, the same as TRL's own fused head;
+- the coverage metrics the loss logs (`sampling_mask/mass_outside_support`,
+  `sampling_mask/support_size`) equal a direct full-softmax computation (1e-5);
 - a `rollout_func` hands its own supports in (`sampling_mask`), `[]` for environment
   tokens under `env_mask` 0: the batch carries them as given;
 - without the integration (plain `GRPOTrainer`, and `MaskedGRPOTrainer` without vLLM)
@@ -215,6 +217,50 @@ def test_rows_without_a_mask_take_the_full_softmax(colocated):
     assert (masked[0] - stock[0]).abs().max() > 1e-3
 
 
+def _direct_coverage(trainer, g, temperature=0.9):
+    """Mass outside and mean size over every valid token, by the model's full
+    [B, K, V] logits and a float64 softmax."""
+    ids = torch.cat([g["prompt_ids"], g["completion_ids"]], dim=1)
+    attention = torch.cat([g["prompt_mask"], g["completion_mask"]], dim=1)
+    K = g["completion_ids"].size(1)
+    with torch.no_grad():
+        logits = trainer.model(input_ids=ids, attention_mask=attention).logits[:, -K - 1:-1]
+    p = torch.softmax(logits.double() / temperature, dim=-1)
+    outside, sizes = [], []
+    for row, (mask, count) in enumerate(zip(g["sampling_masks"],
+                                            g["completion_mask"].sum(dim=1).tolist())):
+        for t, support in enumerate(mask.token_ids[:count]):
+            outside.append(1.0 - p[row, t, support].sum().item())
+            sizes.append(len(support))
+    return sum(outside) / len(outside), sum(sizes) / len(sizes), max(outside)
+
+
+def test_coverage_metric_equals_a_full_softmax_through_the_loss(colocated):
+    """TRL's `_compute_loss` on a rollout batch (the hook's loss forward) logs
+    `sampling_mask/mass_outside_support` and `sampling_mask/support_size` equal to a
+    direct full-softmax computation at the same weights (1e-5); off, nothing is logged."""
+    key, size_key = "sampling_mask/mass_outside_support", "sampling_mask/support_size"
+    logged = [h[key] for h in colocated.state.log_history if key in h]
+    assert logged and all(0.0 < v < 1.0 for v in logged), logged
+    g = colocated.generations[1]
+    metrics = colocated._metrics["train"]
+    colocated.model.train()
+    with torch.no_grad():
+        colocated._compute_loss(colocated.model, dict(g))
+    want_mass, want_size, most = _direct_coverage(colocated, g)
+    assert abs(metrics[key][-1] - want_mass) < 1e-5, (metrics[key][-1], want_mass)
+    assert abs(metrics[size_key][-1] - want_size) < 1e-9
+    assert want_mass > 1e-3 and want_size > 1     # real truncation, not a vacuous 0
+    before = len(metrics[key])
+    colocated._coverage = False
+    try:
+        with torch.no_grad():
+            colocated._compute_loss(colocated.model, dict(g))
+    finally:
+        colocated._coverage = True
+    assert len(metrics[key]) == before
+
+
 # ---------------------------------------------------------------------------
 # server
 # ---------------------------------------------------------------------------
@@ -367,3 +413,10 @@ def test_without_the_integration_training_is_stock_trl(tmp_path):
                                  masked.model.named_parameters()):
         assert torch.equal(a, b), name
     assert stock.state.log_history[0]["loss"] == masked.state.log_history[0]["loss"]
+
+
+def test_a_bad_coverage_option_names_it():
+    from vllm_sampling_mask.integrations.trl import MaskedGRPOTrainer
+    with pytest.raises(ValueError, match="sampling_mask_coverage must be True or False"):
+        MaskedGRPOTrainer(model=DEMO_MODEL, reward_funcs=_reward,
+                          sampling_mask_coverage="yes")

@@ -654,15 +654,17 @@ def test_module_imports_only_torch_numpy_stdlib():
 def test_package_exports_the_public_names():
     """The package keeps training.py's API: every name in __all__ importable from
     `vllm_sampling_mask.training`, and the same objects as in the modules."""
-    from vllm_sampling_mask.training import hidden, inputs, logits, ratio
+    from vllm_sampling_mask.training import coverage, hidden, inputs, logits, ratio
     assert sorted(training.__all__) == [
-        "full_logprobs", "importance_ratio", "mask_to_tensors", "nucleus_logprobs",
-        "nucleus_logprobs_from_hidden", "pack_masks", "ratio_statistics"]
+        "Coverage", "full_logprobs", "importance_ratio", "mask_to_tensors",
+        "nucleus_logprobs", "nucleus_logprobs_from_hidden", "pack_masks",
+        "ratio_statistics", "support_coverage"]
     assert all(callable(getattr(training, name)) for name in training.__all__)
     assert training.nucleus_logprobs is logits.nucleus_logprobs
     assert training.nucleus_logprobs_from_hidden is hidden.nucleus_logprobs_from_hidden
     assert training.pack_masks is inputs.pack_masks
     assert training.ratio_statistics is ratio.ratio_statistics
+    assert training.support_coverage is coverage.support_coverage
 
 
 @pytest.mark.parametrize("chunk", [1000, 7])

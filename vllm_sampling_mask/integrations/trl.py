@@ -34,7 +34,11 @@ Everything else (``GRPOConfig``, reward functions, datasets, ``vllm_mode="server
    The logged ``entropy`` (and ``top_entropy_quantile``'s mask) is the entropy of
    the full temperature-scaled softmax, as without masks, computed without
    gradient; the entropy bonus (``entropy_coef``, ``use_adaptive_entropy``) is
-   refused with masks on.
+   refused with masks on. The same no-gradient pass logs, over the tokens with a
+   support, ``sampling_mask/mass_outside_support`` (the mean of the trainer's
+   full-softmax probability outside the support at the current weights:
+   ``training.support_coverage``) and ``sampling_mask/support_size`` (the mean
+   support size); ``sampling_mask_coverage=False`` turns them off.
 4. Weights reach the engine. Server mode with CUDA: TRL's NCCL path as is. Server
    mode on a CPU host: a checkpoint written to a temporary directory and
    ``POST /collective_rpc`` ``reload_weights`` from it, then
@@ -77,7 +81,11 @@ from trl.generation.vllm_generation import VLLMGeneration
 
 from vllm_sampling_mask.config import RETURN as RETURN_MASK_ENV
 from vllm_sampling_mask.frontend.sampling_mask import SamplingMask
-from vllm_sampling_mask.training import nucleus_logprobs_from_hidden, pack_masks
+from vllm_sampling_mask.training import (
+    nucleus_logprobs_from_hidden,
+    pack_masks,
+    support_coverage,
+)
 
 __all__ = ["MaskedGRPOTrainer", "MaskedVLLMClient", "MaskedVLLMGeneration", "MASKS_KEY",
            "RETURN_MASK_ENV", "truncates"]
@@ -294,11 +302,14 @@ class MaskedHead:
     logits_to_keep: int
     temperature: float
     compute_entropy: bool
+    coverage: bool = False       # with compute_entropy: support_coverage's figures
 
 
 def _head_forward(model, head: MaskedHead, input_ids, attention_mask, **kwargs):
     """Log-probabilities over the supports, ``[B, K]`` (zero where the completion
-    mask is 0), and the full softmax's entropy without gradient (or None)."""
+    mask is 0), the full softmax's entropy without gradient (or None) and, with
+    ``head.coverage`` and ``head.compute_entropy``, the rows' ``Coverage`` (the valid
+    tokens in row order; else None)."""
     text_config = model.config.get_text_config()
     if getattr(text_config, "final_logit_softcapping", None) is not None:
         raise ValueError("MaskedGRPOTrainer: models with final_logit_softcapping are not "
@@ -325,16 +336,22 @@ def _head_forward(model, head: MaskedHead, input_ids, attention_mask, **kwargs):
                                f"{count} completion tokens but {len(mask)} supports")
         rows.append(mask)
     out = torch.zeros(valid.shape, dtype=torch.float32, device=weight.device)
-    entropy = None
+    entropy = coverage = None
     if rows:
         h = hidden[valid]
         tokens = input_ids[:, -K:].to(weight.device)[valid]
         temperature = head.temperature / scale
-        logps = nucleus_logprobs_from_hidden(
-            h, weight, tokens, pack_masks(rows, device=weight.device), temperature,
-            bias, empty_support="full")
+        packed = pack_masks(rows, device=weight.device)
+        logps = nucleus_logprobs_from_hidden(h, weight, tokens, packed, temperature,
+                                             bias, empty_support="full")
         out = out.masked_scatter(valid, logps.to(torch.float32))
-        if head.compute_entropy:
+        if head.compute_entropy and head.coverage:
+            # the entropy pass, plus each chunk's support logits: the coverage metric
+            cover = support_coverage(h, packed, temperature, lm_head_weight=weight,
+                                     bias=bias, entropy=True, chunk_rows=_ENTROPY_ROWS)
+            entropy = torch.zeros_like(out).masked_scatter(valid, cover.entropy.float())
+            coverage = cover
+        elif head.compute_entropy:
             entropy = torch.zeros_like(out)
             with torch.no_grad():
                 values = torch.cat([_entropy(h[a:a + _ENTROPY_ROWS], weight, bias,
@@ -345,7 +362,7 @@ def _head_forward(model, head: MaskedHead, input_ids, attention_mask, **kwargs):
         entropy = torch.zeros_like(out)
     if not rows:    # keep the output connected to the graph
         out = out + hidden.sum() * 0.0
-    return types.SimpleNamespace(log_probs=out, entropy=entropy)
+    return types.SimpleNamespace(log_probs=out, entropy=entropy, coverage=coverage)
 
 
 def _entropy(h, weight, bias, temperature):
@@ -391,11 +408,24 @@ class MaskedGRPOTrainer(GRPOTrainer):
         sampling_masks: False keeps the rest (engine arguments, the weight sync on a
             host without NCCL) and trains as stock TRL does, without masks: the
             control of an A/B run.
+        sampling_mask_coverage: log, for the tokens with a support, the trainer's
+            full-softmax probability outside it at the current weights
+            (``sampling_mask/mass_outside_support``, mean over tokens) and the mean
+            support size (``sampling_mask/support_size``), from the loss's forward
+            (default True). Its cost rides on the entropy pass TRL's loss already
+            asks for: per chunk of rows, a gather of the N support logits and a
+            segmented log-sum-exp (O(N) operations and bytes, N = the supports'
+            total size); False skips it.
     """
 
     def __init__(self, *args, vllm_engine_kwargs: Optional[dict] = None,
                  vllm_api_key: Optional[str] = None, sampling_masks: bool = True,
-                 **kwargs):
+                 sampling_mask_coverage: bool = True, **kwargs):
+        if not isinstance(sampling_mask_coverage, bool):
+            raise ValueError("MaskedGRPOTrainer: sampling_mask_coverage must be True or "
+                             f"False (got {sampling_mask_coverage!r})")
+        self._coverage = sampling_mask_coverage
+        self._coverage_sums: Optional[list] = None
         self._mask_options = MaskOptions(
             engine_kwargs=dict(vllm_engine_kwargs or {}),
             api_key=vllm_api_key if vllm_api_key is not None else os.environ.get("VLLM_API_KEY"),
@@ -452,10 +482,26 @@ class MaskedGRPOTrainer(GRPOTrainer):
     # -- loss -----------------------------------------------------------------
     def _compute_loss(self, model, inputs):
         self._active_masks = inputs.get(MASKS_KEY)
+        self._coverage_sums = [] if (self._coverage and self._active_masks is not None) \
+            else None
         try:
-            return super()._compute_loss(model, inputs)
+            loss = super()._compute_loss(model, inputs)
+            if self._coverage_sums:
+                self._log_coverage()
+            return loss
         finally:
             self._active_masks = None
+            self._coverage_sums = None
+
+    def _log_coverage(self) -> None:
+        """The loss forward's coverage, over every process's tokens with a support."""
+        total = torch.stack([torch.stack(t) for t in self._coverage_sums]).sum(dim=0)
+        total = self.accelerator.gather(total.to(self.accelerator.device).unsqueeze(0))
+        mass, size, count = total.reshape(-1, 3).sum(dim=0).tolist()
+        if count > 0:
+            mode = "train" if self.model.training else "eval"
+            self._metrics[mode]["sampling_mask/mass_outside_support"].append(mass / count)
+            self._metrics[mode]["sampling_mask/support_size"].append(size / count)
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask,
                                            logits_to_keep, batch_size=None,
@@ -477,11 +523,19 @@ class MaskedGRPOTrainer(GRPOTrainer):
         logps, entropies = [], []
         for start in range(0, input_ids.size(0), batch_size):
             end = min(start + batch_size, input_ids.size(0))
+            record = compute_entropy and self._coverage_sums is not None
             head = MaskedHead(masks=masks[start:end], logits_to_keep=logits_to_keep,
-                              temperature=self.temperature, compute_entropy=compute_entropy)
+                              temperature=self.temperature, compute_entropy=compute_entropy,
+                              coverage=record)
             with self.accelerator.autocast():
                 out = model(input_ids=input_ids[start:end],
                             attention_mask=attention_mask[start:end], **{HEAD_KWARG: head})
+            if record and out.coverage is not None:
+                masked = out.coverage.sizes > 0
+                self._coverage_sums.append((
+                    out.coverage.mass_outside[masked].double().sum(),
+                    out.coverage.sizes[masked].double().sum(),
+                    masked.double().sum()))
             logps.append(out.log_probs)
             entropies.append(out.entropy)
         return (torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None)

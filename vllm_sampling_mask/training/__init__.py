@@ -54,6 +54,11 @@ Entry points
     (k3 KL estimate, ratio mean and percentiles, share outside a band,
     support-size figures): for logs and replay checks, no gradient.
 
+``support_coverage(logits_or_hidden, mask, temperature, lm_head_weight=None, ...)``
+    Per token, without gradient: the trainer's full-softmax mass outside the
+    support, the support size and optionally the entropy, ``[rows, V]``
+    logits a chunk at a time (a :class:`Coverage` of ``[T]`` tensors).
+
 ``mask_to_tensors(mask, device=None)``, ``pack_masks(masks, device=None)``
     A mask, or a batch of them packed along T, as ``(ids, offsets)`` int64
     tensors on a device.
@@ -75,6 +80,8 @@ The names above are the API; the modules are how it is organised:
     layouts (``PairLayout`` and its parts, named tuples).
 ``ratio``
     ``importance_ratio``, ``ratio_statistics``.
+``coverage``
+    ``support_coverage`` and its result type ``Coverage``.
 
 Precision: everything is computed in float32 (float64 when an input is
 float64), whatever the input dtype; the result is float32 (float64 for float64
@@ -118,12 +125,14 @@ This package depends on torch, numpy, the standard library and the numpy-only
 
 from __future__ import annotations
 
+from .coverage import Coverage, support_coverage
 from .hidden import nucleus_logprobs_from_hidden
 from .inputs import mask_to_tensors, pack_masks
 from .logits import full_logprobs, nucleus_logprobs
 from .ratio import importance_ratio, ratio_statistics
 
 __all__ = [
+    "Coverage",
     "full_logprobs",
     "importance_ratio",
     "mask_to_tensors",
@@ -131,4 +140,5 @@ __all__ = [
     "nucleus_logprobs_from_hidden",
     "pack_masks",
     "ratio_statistics",
+    "support_coverage",
 ]
