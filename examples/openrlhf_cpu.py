@@ -454,8 +454,8 @@ def run(masks: bool, address: str, work: str, multi_turn: bool = False,
 def head(num_cpus: int = 8, num_gpus: int = 4):
     """A loopback Ray head with logical GPUs; yields its address."""
     sys.path.insert(0, TESTS)
+    from ray_head import ray_head   # first: it keeps Ray on loopback (LOOPBACK_ENV)
     import ray
-    from ray_head import ray_head
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     with ray_head(ray, num_cpus=num_cpus, num_gpus=num_gpus, env=env,

@@ -18,6 +18,10 @@ os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # lets tests probe the worker process with `LLM.collective_rpc(function)`
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+# engines and Ray clusters on loopback (vLLM and Ray pick the host's interface address
+# otherwise; tests/ray_head.py)
+os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

@@ -15,6 +15,14 @@ HEAD_PORTS = 8           # the head's own ports: base .. base + 7
 WORKER_PORTS = (20, 49)  # its workers' ports: base + 20 .. base + 49
 
 
+# Every process of a head's cluster on loopback: Ray resolves "127.0.0.1" in an address to
+# the host's own interface address unless its cluster switch is off
+# (`ray._private.services.get_node_ip_address`), and vLLM's engines in its actors pick
+# that address for their rendezvous unless VLLM_HOST_IP names one.
+# Ray reads its switch once, at import: import this module before `ray`.
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "VLLM_HOST_IP": "127.0.0.1"}
+os.environ.update(LOOPBACK_ENV)     # this process and every process it starts
+
 _handed_out: list[range] = []   # blocks this process gave out (a head binds its ports late)
 
 
@@ -48,10 +56,17 @@ def ray_head(ray, *, size: int = 60, num_cpus: int = 2, num_gpus: int = 0,
              env: dict | None = None,
              prefix: str = "ray-head-", runtime_env: dict | None = None):
     """Start a head on 127.0.0.1 with `num_cpus` and `num_gpus` logical GPUs (none by
-    default; logical ones let GPU bundles and `num_gpus=1` actors schedule), connect
-    `ray` to it, and yield the first port of its block (ports past base + 49 are free for the test's
+    default; logical ones let GPU bundles and `num_gpus=1` actors schedule), every
+    process on loopback (`LOOPBACK_ENV`, set in this process too), connect `ray` to it,
+    and yield the first port of its block (ports past base + 49 are free for the test's
     servers); on exit disconnect and stop the head's process group."""
+    from ray._private import ray_constants
+    if ray_constants.ENABLE_RAY_CLUSTER:
+        raise RuntimeError("ray was imported before tests/ray_head.py: its drivers would "
+                           "look for the head at the host's interface address; import "
+                           "ray_head first (or set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0)")
     base = port_block(size)
+    env = {**(os.environ if env is None else env), **LOOPBACK_ENV}
     temp = tempfile.mkdtemp(prefix=prefix)
     lo, hi = WORKER_PORTS
     head = subprocess.Popen(
