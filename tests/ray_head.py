@@ -44,11 +44,14 @@ def port_block(size: int) -> int:
 
 
 @contextlib.contextmanager
-def ray_head(ray, *, size: int = 60, num_cpus: int = 2, env: dict | None = None,
-             prefix: str = "ray-head-", runtime_env: dict | None = None):
-    """Start a head on 127.0.0.1 with `num_cpus` and no GPU, connect `ray` to it, and
-    yield the first port of its block (ports past base + 49 are free for the test's
-    servers); on exit disconnect and stop the head's process group."""
+def ray_head(ray, *, size: int = 60, num_cpus: int = 2, num_gpus: int = 0,
+             env: dict | None = None, prefix: str = "ray-head-",
+             runtime_env: dict | None = None):
+    """Start a head on 127.0.0.1 with `num_cpus` and `num_gpus` (logical: Ray counts
+    them, the host needs none; verl's placement groups ask one GPU per worker),
+    connect `ray` to it, and yield the first port of its block (ports past base + 49
+    are free for the test's servers); on exit disconnect and stop the head's process
+    group."""
     base = port_block(size)
     temp = tempfile.mkdtemp(prefix=prefix)
     lo, hi = WORKER_PORTS
@@ -59,7 +62,7 @@ def ray_head(ray, *, size: int = 60, num_cpus: int = 2, env: dict | None = None,
          f"--runtime-env-agent-port={base + 5}", f"--metrics-export-port={base + 6}",
          f"--ray-client-server-port={base + 7}", f"--min-worker-port={base + lo}",
          f"--max-worker-port={base + hi}", "--include-dashboard=false",
-         f"--num-cpus={num_cpus}", "--num-gpus=0", f"--temp-dir={temp}",
+         f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}", f"--temp-dir={temp}",
          "--disable-usage-stats"],
         stdout=open(os.path.join(temp, "head.log"), "w"), stderr=subprocess.STDOUT,
         start_new_session=True, env=env)
