@@ -6,12 +6,12 @@ tests/integrations/test_verl_loop.py load it); it changes nothing in
 
 verl picks its device through `verl.plugin.platform.get_platform()`: the platform
 named by `VERL_PLATFORM`, else the first registered one (nvidia, npu, rocm) whose
-device is present, else nvidia (`_detect_platform_name`, the "Falling back to
-'nvidia'" line in verl/plugin/platform/platform_manager.py). None is for a CPU, so
+device is present, else nvidia (`_detect_platform_name`). None is for a CPU, so
 every device call (`get_device_name()`, `get_torch_device()`, `get_device_id()`,
 the placement groups' resource name, the weight transfer's IPC check) would name
-CUDA. Registering a platform is verl's own extension point ("External plugins ...
-can register their own platform classes", platform_manager.py), loaded in every Ray
+CUDA (`return "nvidia"`, verl/plugin/platform/platform_manager.py:117).
+Registering a platform is verl's own extension point ("External plugins ... can
+register their own platform classes", platform_manager.py), loaded in every Ray
 worker by verl's `VERL_USE_EXTERNAL_MODULES=verl_cpu_host` and picked by
 `VERL_PLATFORM=cpu`. What it answers, and which CUDA line each answer stands in for:
 
@@ -25,24 +25,26 @@ worker by verl's `VERL_USE_EXTERNAL_MODULES=verl_cpu_host` and picked by
 - `ray_resource_name` "GPU": the Ray head is started with logical GPUs
   (`ray start --num-gpus=N`, no code change) so that `RayResourcePool.
   get_placement_groups`'s `bundle[device_name] = 1`
-  (verl/single_controller/ray/base.py) and the rollout's
-  `get_accelerator_ids()[get_resource_name()]` (vllm_async_server.py
-  `launch_servers`) find one per worker.
+  (verl/single_controller/ray/base.py:148) and the rollout's
+  `get_accelerator_ids()[get_resource_name()]`
+  (verl/workers/rollout/vllm_rollout/vllm_async_server.py:1348) find one per worker.
 - `is_ipc_supported` False: verl's own shared-memory path for the colocated weight
-  sync (`use_shm = not is_support_ipc()`, vllm_rollout.py), in place of CUDA IPC.
+  sync (`self.use_shm = not is_support_ipc()`,
+  verl/workers/rollout/vllm_rollout/vllm_rollout.py:143), in place of CUDA IPC.
 - `communication_backend_name` "gloo" in place of "nccl".
 
 One line is replaced rather than answered: `initialize_global_process_group_ray`
-(verl/utils/distributed.py:89) forms `f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"`,
-which on the CPU names the CPU twice (`cpu:gloo,cpu:gloo`, refused by
-`torch.distributed`); called without a backend it gets "cpu:gloo" here, what the line
-gives CPU tensors on any device.
+(verl/utils/distributed.py:89) forms
+`f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"`, which on the CPU names the
+CPU twice (`cpu:gloo,cpu:gloo`, refused by `torch.distributed`); called without a
+backend it gets "cpu:gloo" here, what the line gives CPU tensors on any device.
 
 The FSDP training engine is registered for `device=["cuda", "npu"]` only
 (`@EngineRegistry.register(...)` above `FSDPEngineWithLMHead`,
-verl/workers/engine/fsdp/transformer_impl.py); verl's own `VERL_ENGINE_DEVICE=cuda`
-(`EngineRegistry.get_engine_cls`) selects that class on this platform, and the class
-itself runs on whatever `get_device_name()` says.
+verl/workers/engine/fsdp/transformer_impl.py:1143); verl's own `VERL_ENGINE_DEVICE=cuda`
+(`EngineRegistry.get_engine_cls`, verl/workers/engine/base.py:406) selects that
+class on this platform, and the class itself runs on whatever `get_device_name()`
+says.
 """
 
 from __future__ import annotations
