@@ -196,7 +196,7 @@ def demo_lm():
     return AutoModelForCausalLM.from_pretrained(DEMO_MODEL, dtype=torch.float32).eval()
 
 
-def _batch(rollouts, temperature, masks=True, remove_padding=True):
+def _batch(rollouts, temperature, masks=True, remove_padding=True, dynamic_bsz=True):
     """The samples as the V1 agent loop puts them in TransferQueue (one dict each,
     `extra_fields` included), with the trainer's settings on the batch."""
     from verl.utils import tensordict_utils as tu
@@ -211,11 +211,15 @@ def _batch(rollouts, temperature, masks=True, remove_padding=True):
                        "rollout_log_probs": torch.tensor(out.log_probs),
                        "extra_fields": extra})
     data = tu.list_of_dict_to_tensordict(fields)
-    # micro-batches by token count: one sample each packed, two and one padded
+    # micro-batches by token count (one sample each packed, two and one padded), or
+    # of one sample each
     tu.assign_non_tensor(data, temperature=temperature, use_remove_padding=remove_padding,
                          use_fused_kernels=False, calculate_entropy=True,
-                         use_dynamic_bsz=True,
-                         max_token_len_per_gpu=20 if remove_padding else 40)
+                         use_dynamic_bsz=dynamic_bsz)
+    if dynamic_bsz:
+        tu.assign_non_tensor(data, max_token_len_per_gpu=20 if remove_padding else 40)
+    else:
+        tu.assign_non_tensor(data, micro_batch_size_per_gpu=1)
     return data
 
 
@@ -244,6 +248,9 @@ def _per_sample(engine, lm, data):
 
     micro_batches, indices = prepare_micro_batches(data, dp_group=None)
     assert len(micro_batches) > 1   # the split (and its reordering) is exercised
+    if indices is None:             # fixed-size micro-batches, in order
+        starts = np.cumsum([0] + [len(m) for m in micro_batches])
+        indices = [range(a, b) for a, b in zip(starts[:-1], starts[1:])]
     found = {}
     for micro_batch, index in zip(micro_batches, indices):
         for i, lp in zip(index, _log_probs(engine, lm, micro_batch)):
@@ -251,14 +258,20 @@ def _per_sample(engine, lm, data):
     return [found[i] for i in range(len(data))]
 
 
-@pytest.mark.parametrize("remove_padding", [True, False], ids=["packed", "padded"])
+@pytest.mark.parametrize("remove_padding, dynamic_bsz", [
+    (True, True), (False, True), (True, False), (False, False)],
+    ids=["packed", "padded", "packed-fixed", "padded-fixed"])
 def test_prepare_model_outputs_takes_pi_theta_over_the_support(verl_server, rollouts,
                                                                verl_engine, demo_lm,
-                                                               remove_padding):
+                                                               remove_padding, dynamic_bsz):
+    """`use_remove_padding` on and off, `use_dynamic_bsz` on (micro-batches by token
+    count) and off (fixed micro-batch size), split by verl's prepare_micro_batches."""
     assert getattr(type(verl_engine).prepare_model_outputs, adapter._MARK, False)
     t = verl_server.temperature
-    masked = _per_sample(verl_engine, demo_lm, _batch(rollouts, t, True, remove_padding))
-    stock = _per_sample(verl_engine, demo_lm, _batch(rollouts, t, False, remove_padding))
+    masked = _per_sample(verl_engine, demo_lm,
+                         _batch(rollouts, t, True, remove_padding, dynamic_bsz))
+    stock = _per_sample(verl_engine, demo_lm,
+                        _batch(rollouts, t, False, remove_padding, dynamic_bsz))
     worst, stock_worst = 0.0, 0.0
     for out, lp, full in zip(rollouts, masked, stock):
         engine_lp = torch.tensor(out.log_probs, dtype=torch.float64)
