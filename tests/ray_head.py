@@ -68,6 +68,10 @@ def ray_head(ray, *, size: int = 60, num_cpus: int = 2, num_gpus: int = 0,
     base = port_block(size)
     env = {**(os.environ if env is None else env), **LOOPBACK_ENV}
     temp = tempfile.mkdtemp(prefix=prefix)
+    # a loopback head without Ray's token authentication, which a token file left in
+    # ~/.ray (any `ray.init()` of a local cluster writes one) would turn on for the
+    # head but not for this process's `ray.init(address=...)` (InvalidAuthToken)
+    env.setdefault("RAY_AUTH_MODE", "disabled")
     lo, hi = WORKER_PORTS
     head = subprocess.Popen(
         ["ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={base}",

@@ -196,7 +196,7 @@ def demo_lm():
     return AutoModelForCausalLM.from_pretrained(DEMO_MODEL, dtype=torch.float32).eval()
 
 
-def _batch(rollouts, temperature, masks=True, remove_padding=True):
+def _batch(rollouts, temperature, masks=True, remove_padding=True, dynamic_bsz=True):
     """The samples as the V1 agent loop puts them in TransferQueue (one dict each,
     `extra_fields` included), with the trainer's settings on the batch."""
     from verl.utils import tensordict_utils as tu
@@ -211,11 +211,15 @@ def _batch(rollouts, temperature, masks=True, remove_padding=True):
                        "rollout_log_probs": torch.tensor(out.log_probs),
                        "extra_fields": extra})
     data = tu.list_of_dict_to_tensordict(fields)
-    # micro-batches by token count: one sample each packed, two and one padded
+    # micro-batches by token count (one sample each packed, two and one padded), or
+    # of one sample each
     tu.assign_non_tensor(data, temperature=temperature, use_remove_padding=remove_padding,
                          use_fused_kernels=False, calculate_entropy=True,
-                         use_dynamic_bsz=True,
-                         max_token_len_per_gpu=20 if remove_padding else 40)
+                         use_dynamic_bsz=dynamic_bsz)
+    if dynamic_bsz:
+        tu.assign_non_tensor(data, max_token_len_per_gpu=20 if remove_padding else 40)
+    else:
+        tu.assign_non_tensor(data, micro_batch_size_per_gpu=1)
     return data
 
 
@@ -244,6 +248,9 @@ def _per_sample(engine, lm, data):
 
     micro_batches, indices = prepare_micro_batches(data, dp_group=None)
     assert len(micro_batches) > 1   # the split (and its reordering) is exercised
+    if indices is None:             # fixed-size micro-batches, in order
+        starts = np.cumsum([0] + [len(m) for m in micro_batches])
+        indices = [range(a, b) for a, b in zip(starts[:-1], starts[1:])]
     found = {}
     for micro_batch, index in zip(micro_batches, indices):
         for i, lp in zip(index, _log_probs(engine, lm, micro_batch)):
@@ -251,14 +258,20 @@ def _per_sample(engine, lm, data):
     return [found[i] for i in range(len(data))]
 
 
-@pytest.mark.parametrize("remove_padding", [True, False], ids=["packed", "padded"])
+@pytest.mark.parametrize("remove_padding, dynamic_bsz", [
+    (True, True), (False, True), (True, False), (False, False)],
+    ids=["packed", "padded", "packed-fixed", "padded-fixed"])
 def test_prepare_model_outputs_takes_pi_theta_over_the_support(verl_server, rollouts,
                                                                verl_engine, demo_lm,
-                                                               remove_padding):
+                                                               remove_padding, dynamic_bsz):
+    """`use_remove_padding` on and off, `use_dynamic_bsz` on (micro-batches by token
+    count) and off (fixed micro-batch size), split by verl's prepare_micro_batches."""
     assert getattr(type(verl_engine).prepare_model_outputs, adapter._MARK, False)
     t = verl_server.temperature
-    masked = _per_sample(verl_engine, demo_lm, _batch(rollouts, t, True, remove_padding))
-    stock = _per_sample(verl_engine, demo_lm, _batch(rollouts, t, False, remove_padding))
+    masked = _per_sample(verl_engine, demo_lm,
+                         _batch(rollouts, t, True, remove_padding, dynamic_bsz))
+    stock = _per_sample(verl_engine, demo_lm,
+                        _batch(rollouts, t, False, remove_padding, dynamic_bsz))
     worst, stock_worst = 0.0, 0.0
     for out, lp, full in zip(rollouts, masked, stock):
         engine_lp = torch.tensor(out.log_probs, dtype=torch.float64)
@@ -340,3 +353,150 @@ def test_fused_kernels_are_refused_by_name(verl_server, rollouts, verl_engine):
     tu.assign_non_tensor(data, use_fused_kernels=True)
     with pytest.raises(ValueError, match="use_fused_kernels=False"):
         verl_engine.prepare_model_outputs(types.SimpleNamespace(logits=None), {}, data, None)
+
+
+# -- verl's multi-turn tool agent loop --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tool_loop_output(verl_server):
+    """verl's `ToolAgentLoop.run` for one sample, three assistant turns with a tool
+    turn between each, against the real server through verl's `LLMServerClient` and
+    `GlobalRequestLoadBalancer`. The tool parser (registered in verl's ToolParser
+    registry) asks for a tool after every turn, since the demo model writes no tool
+    calls; verl answers each with its "Unknown function" tool message."""
+    import asyncio
+    import sys
+
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+    from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
+    from verl.utils import hf_tokenizer
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+    from verl.workers.rollout.llm_server import LLMServerClient
+    from verl.workers.rollout.router import GlobalRequestLoadBalancer
+
+    from vllm_sampling_mask import DEMO_MODEL
+
+    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
+    import verl_cpu
+
+    @ToolParser.register("every_turn")
+    class EveryTurn(ToolParser):
+        async def extract_tool_calls(self, responses_ids, tools=None):
+            return self.tokenizer.decode(responses_ids), [FunctionCall(name="lookup",
+                                                                      arguments="{}")]
+
+    config = verl_cpu.compose([
+        f"actor_rollout_ref.model.path={DEMO_MODEL}", "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        "actor_rollout_ref.rollout.multi_turn.format=every_turn",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+        "data.max_prompt_length=64", "data.max_response_length=64"])
+    balancer = verl_server.ray.remote(GlobalRequestLoadBalancer).remote(
+        servers={"0": verl_server.actor})
+    tokenizer = hf_tokenizer(DEMO_MODEL)
+
+    async def run():   # the loop is built inside the event loop, as verl's worker does
+        loop = ToolAgentLoop(
+            trainer_config=DictConfigWrap(config),
+            server_manager=LLMServerClient(config, load_balancer_handle=balancer),
+            tokenizer=tokenizer, processor=None, dataset_cls=RLHFDataset,
+            data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
+        return await loop.run(dict(SAMPLING, logprobs=True, max_tokens=6),
+                              raw_prompt=[{"role": "user", "content": "hello"}])
+
+    output = asyncio.run(run())
+    verl_server.ray.kill(balancer)
+    return output, config
+
+
+def test_tool_agent_loop_carries_every_turns_mask_and_empty_rows_between(tool_loop_output):
+    output, _ = tool_loop_output
+    ids, offsets = output.extra_fields[adapter.MASK_FIELD]
+    n = len(output.response_ids)
+    assert len(offsets) == n + 1 and len(output.response_mask) == n
+    rows = [ids[offsets[t]:offsets[t + 1]].tolist() for t in range(n)]
+    generated = [t for t in range(n) if output.response_mask[t] == 1]
+    between = [t for t in range(n) if output.response_mask[t] == 0]
+    assert output.num_turns >= 5 and between   # assistant, tool, assistant, tool, assistant
+    assert generated[-1] > between[0]          # tokens generated after a tool turn
+    for t in generated:
+        assert output.response_ids[t] in rows[t], (t, rows[t])
+    assert all(rows[t] == [] for t in between)
+
+
+def test_tool_agent_loop_samples_pi_theta_over_the_support_is_the_engines(
+        tool_loop_output, rollouts, verl_engine, demo_lm):
+    """The multi-turn sample through verl's trainer-side function, packed with a
+    single-turn one: at every generated token (after tool turns too), pi_theta over
+    its support equals the engine's processed log-probability; the rows between turns
+    keep the full softmax."""
+    from verl.utils import tensordict_utils as tu
+
+    output, _ = tool_loop_output
+    samples = [(list(output.prompt_ids), list(output.response_ids),
+                list(output.response_mask), dict(output.extra_fields))]
+    samples += [(list(p), list(o.token_ids), [1] * len(o.token_ids), dict(o.extra_fields))
+                for p, o in zip(PROMPTS, rollouts)]
+    fields = []
+    for prompt, response, response_mask, extra in samples:
+        ids = torch.tensor(prompt + response)
+        fields.append({"prompts": torch.tensor(prompt), "responses": torch.tensor(response),
+                       "response_mask": torch.tensor(response_mask, dtype=torch.int64),
+                       "input_ids": ids, "position_ids": torch.arange(len(ids)),
+                       "extra_fields": extra})
+    assert len({len(f["input_ids"]) for f in fields}) > 1   # held as nested tensors
+    data = tu.list_of_dict_to_tensordict(fields)
+    tu.assign_non_tensor(data, temperature=SAMPLING["temperature"], use_remove_padding=True,
+                         use_fused_kernels=False, calculate_entropy=True)
+    lp = _log_probs(verl_engine, demo_lm, data)[0]
+    generated = torch.tensor(output.response_mask, dtype=torch.bool)
+    engine_lp = torch.tensor(output.response_logprobs, dtype=torch.float64)
+    ratio = torch.exp(lp.double() - engine_lp)[generated]
+    print(f"tool agent loop: {int(generated.sum())} generated tokens of "
+          f"{len(output.response_ids)}, "
+          f"max |ratio - 1| {float((ratio - 1).abs().max()):.1e}")
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5)
+
+
+def test_turn_masks_follow_each_kept_merges_edits_of_the_response():
+    """`TurnMasks` on verl's `MergeResult`s: a trimmed prefix drops rows from the end,
+    boundary and context tokens add empty rows, generated tokens their supports; a
+    merge verl does not keep (its response_mask not stored) changes nothing."""
+    _need_verl()
+    from verl.utils.tokenizer.continuous_token import MergeResult
+
+    turns = adapter.TurnMasks()
+    agent = types.SimpleNamespace(response_mask=[])
+
+    def turn(mask_rows, result, kept=True, assistant=True):
+        if assistant:
+            ids = np.concatenate([np.array(r, np.int32) for r in mask_rows])
+            offsets = np.concatenate([[0], np.cumsum([len(r) for r in mask_rows])])
+            turns.generated(types.SimpleNamespace(extra_fields={
+                adapter.MASK_FIELD: (ids, offsets.astype(np.int64))}))
+        aligned = list(range(len(turns.rows) + 10))   # stands for verl's new response_mask
+        turns.merged((result, aligned, None), assistant)
+        if kept:
+            agent.response_mask = aligned
+        turns.commit(agent)
+
+    turn([[5, 6], [7]], MergeResult(token_ids=[], appended_token_count=2, kind="assistant"))
+    turn(None, MergeResult(token_ids=[], appended_token_count=3, kind="context",
+                           inserted_token_ids=[1], removed_prefix_token_count=1),
+         assistant=False)
+    turn([[9]], MergeResult(token_ids=[], appended_token_count=1, kind="assistant",
+                            inserted_token_ids=[2, 3]))
+    turn(None, MergeResult(token_ids=[], appended_token_count=4, kind="context"),
+         kept=False, assistant=False)
+    assert [r.tolist() for r in turns.rows] == [[5, 6], [], [], [], [], [], [], [9]]
+    out = turns.finish(types.SimpleNamespace(response_ids=list(range(7)), extra_fields={}))
+    ids, offsets = out.extra_fields[adapter.MASK_FIELD]
+    assert ids.tolist() == [5, 6] and offsets.tolist() == [0, 2, 2, 2, 2, 2, 2, 2]
+    bad = MergeResult(token_ids=[], appended_token_count=2, kind="assistant")
+    with pytest.raises(ValueError, match="appended 2 tokens for a turn whose engine mask has 1"):
+        turn([[4]], bad)

@@ -205,6 +205,8 @@ V_SERVER = "verl.workers.rollout.vllm_rollout.vllm_async_server"
 V_REPLICA = "verl.workers.rollout.replica"
 V_LOOP = "verl.experimental.agent_loop.agent_loop"
 V_SINGLE = "verl.experimental.agent_loop.single_turn_agent_loop"
+V_TOOL = "verl.experimental.agent_loop.tool_agent_loop"
+V_CT = "verl.utils.tokenizer.continuous_token"
 V_TQ = "verl.trainer.ppo.v1.agent_loop_tq"
 V_TRAINER = "verl.trainer.ppo.v1.trainer_base"
 V_ENGINE = "verl.workers.engine.fsdp.transformer_impl"
@@ -275,6 +277,36 @@ VERL_SEAMS: dict[str, tuple[Entry, ...]] = {
             "compute_rollout_correction_and_add_to_batch(data, rollout_corr_config)",)),
         Function(V_CORR, "compute_rollout_correction_and_add_to_batch", (
             "batch", "rollout_corr_config")),
+    ),
+    # multi-turn: each turn's mask placed on the response through verl's Continuous
+    # Token merges (the edits align_response_metadata makes to response_mask)
+    "tool_loop": (
+        Function(V_TOOL, "ToolAgentLoop.run", ("self", "sampling_params", "priority", "kwargs")),
+        SourceUses(V_TOOL, "ToolAgentLoop.run", (
+            "await self._handle_generating_state(agent_data, sampling_params)",
+            "await self._handle_processing_tools_state(agent_data)",
+            "response_ids=response_ids[: self.response_length]",
+            "extra_fields=agent_data.extra_fields")),
+        Function(V_TOOL, "ToolAgentLoop._handle_generating_state", (
+            "self", "agent_data", "sampling_params", "ignore_termination")),
+        SourceUses(V_TOOL, "ToolAgentLoop._handle_generating_state", (
+            "await self.server_manager.generate(", "await self.ct_merge_assistant_token(",
+            "agent_data.response_mask = response_mask")),
+        Function(V_TOOL, "ToolAgentLoop._handle_processing_tools_state", ("self", "agent_data")),
+        SourceUses(V_TOOL, "ToolAgentLoop._handle_processing_tools_state", (
+            "await self.ct_merge_context_msg(", "agent_data.response_mask = response_mask")),
+        SourceUses(V_LOOP, "AgentLoopBase.ct_merge_assistant_token", (
+            "return merge_result, aligned_response_mask, aligned_response_logprobs",)),
+        SourceUses(V_LOOP, "AgentLoopBase.ct_merge_context_msg", (
+            "return merge_result, aligned_response_mask, aligned_response_logprobs",)),
+        Fields(V_CT, "MergeResult", (
+            "token_ids", "appended_token_count", "kind", "inserted_token_ids",
+            "removed_prefix_token_count")),
+        SourceUses(V_CT, "ContinuousTokenBuilder.align_response_metadata", (
+            "aligned_mask[: -merge_result.removed_prefix_token_count]",
+            "aligned_mask += [0] * inserted_token_count",
+            "aligned_mask += [1] * merge_result.appended_token_count",
+            "aligned_mask += [0] * merge_result.appended_token_count")),
     ),
 }
 

@@ -28,10 +28,17 @@ point in pyproject.toml, loaded on `import verl`), changes three things:
   a mask keeps the full softmax (`empty_support="full"`). Prompt positions and the
   entropy are unchanged.
 
+- the multi-turn tool agent loop (`ToolAgentLoop`, `agent_name: tool_agent`): verl
+  keeps the first turn's `extra_fields` only; here each turn's generated tokens keep
+  their supports and the tokens verl adds between turns (tool responses, chat-template
+  boundaries) get empty rows, aligned with verl's `response_mask` through every edit
+  its Continuous Token merge makes, so the sample's mask covers its whole response.
+  An empty row means the full softmax; those tokens are outside the loss
+  (`response_mask` 0).
+
 Refused with a ValueError naming the setting: fused kernels (no logits to read:
 `use_fused_kernels`), Ulysses sequence parallelism (logits split across ranks),
-and a mask whose length is not the sample's response length (verl's multi-turn
-tool agent loop keeps the first turn's `extra_fields` only).
+and a mask whose length is not the sample's response length.
 
 Importing this module imports neither verl nor vLLM; `install()` registers
 post-import hooks (the two verl modules are patched when they are imported).
@@ -46,9 +53,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ["MASK_FIELD", "SERVER_MODULE", "ENGINE_MODULE", "install", "mask_field",
-           "sample_masks", "response_rows", "support_log_probs", "splice_log_probs",
-           "patch_server", "patch_engine"]
+__all__ = ["MASK_FIELD", "SERVER_MODULE", "ENGINE_MODULE", "TOOL_LOOP_MODULE", "install",
+           "mask_field", "sample_masks", "response_rows", "support_log_probs",
+           "splice_log_probs", "patch_server", "patch_engine", "patch_tool_loop", "TurnMasks"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +63,7 @@ logger = logging.getLogger(__name__)
 MASK_FIELD = "sampling_mask"
 SERVER_MODULE = "verl.workers.rollout.vllm_rollout.vllm_async_server"
 ENGINE_MODULE = "verl.workers.engine.fsdp.transformer_impl"
+TOOL_LOOP_MODULE = "verl.experimental.agent_loop.tool_agent_loop"
 _MARK = "_vllm_sampling_mask_verl"
 _FINALS = "_vllm_sampling_mask_verl_finals"
 
@@ -82,6 +90,7 @@ def install() -> None:
 
         wrapt.register_post_import_hook(patch_server, SERVER_MODULE)
         wrapt.register_post_import_hook(patch_engine, ENGINE_MODULE)
+        wrapt.register_post_import_hook(patch_tool_loop, TOOL_LOOP_MODULE)
     except Exception as exc:   # verl logs a plugin's failure at debug level only
         logger.warning("vllm_sampling_mask's verl plugin failed: %s: %s",
                        type(exc).__name__, exc)
@@ -208,9 +217,9 @@ def _packed_masks(masks: Sequence, response_lens: Sequence[int]):
         if len(offsets) != n + 1:
             raise ValueError(
                 f"extra_fields[{MASK_FIELD!r}] of sample {i} has {len(offsets) - 1} tokens "
-                f"but its response has {n}: a mask covers exactly the tokens the engine "
-                "generated (verl's multi-turn tool agent loop keeps the first turn's "
-                "extra_fields only; use the single-turn agent loop)")
+                f"but its response has {n}: a mask covers the sample's whole response (an "
+                "agent loop that joins turns must align each turn's mask with the "
+                "response, as this integration does for verl's ToolAgentLoop)")
         ids_parts.append(ids)
         offset_parts.append(offsets[1:] - offsets[0] + base)
         base += int(offsets[-1] - offsets[0])
@@ -331,3 +340,157 @@ def patch_engine(module) -> None:
 
     setattr(prepare_model_outputs, _MARK, True)
     cls.prepare_model_outputs = prepare_model_outputs
+
+
+# -- the multi-turn tool agent loop: ToolAgentLoop.run -----------------------------------
+
+_EMPTY = np.zeros(0, dtype=np.int32)
+
+
+class TurnMasks:
+    """One `ToolAgentLoop.run`'s support rows, aligned with verl's `response_mask`.
+
+    verl grows the response turn by turn through its Continuous Token merges
+    (`ct_merge_assistant_token` after each generation, `ct_merge_context_msg` after
+    the tools), each returning a `MergeResult` and the aligned `response_mask`: the
+    merge trims `removed_prefix_token_count` rows from the end, adds one row per
+    `inserted_token_ids` (boundary tokens, mask 0) and `appended_token_count` rows
+    (the generated tokens, mask 1, for an "assistant" merge; context tokens, mask 0,
+    for a "context" one). The same edits are made here on the support rows, for the
+    merges verl keeps (the state handler stored the returned `response_mask`)."""
+
+    def __init__(self):
+        self.rows: list[np.ndarray] = []
+        self.pending: Optional[list[np.ndarray]] = None   # the last generation's rows
+        self.merges: list = []      # (merge_result, rows or None, aligned response_mask)
+        self.turns = self.masked = 0
+
+    def generated(self, output) -> None:
+        field = (getattr(output, "extra_fields", None) or {}).get(MASK_FIELD)
+        self.turns += 1
+        if field is None:
+            self.pending = None
+            return
+        ids, offsets = mask_field(field)
+        self.masked += 1
+        self.pending = [ids[offsets[t]:offsets[t + 1]] for t in range(len(offsets) - 1)]
+
+    def merged(self, result, assistant: bool) -> None:
+        merge_result, aligned_mask = result[0], result[1]
+        rows = self.pending if assistant else None
+        if assistant:
+            self.pending = None
+        self.merges.append((merge_result, rows, aligned_mask))
+
+    def commit(self, agent_data) -> None:
+        """Apply the merges whose `response_mask` verl kept."""
+        for merge_result, rows, aligned_mask in self.merges:
+            if aligned_mask is agent_data.response_mask:
+                self._apply(merge_result, rows)
+        self.merges.clear()
+
+    def _apply(self, merge_result, rows) -> None:
+        removed = int(merge_result.removed_prefix_token_count or 0)
+        if removed:
+            del self.rows[-removed:]
+        self.rows.extend([_EMPTY] * len(merge_result.inserted_token_ids))
+        appended = int(merge_result.appended_token_count)
+        if merge_result.kind == "assistant":
+            if rows is None:
+                rows = [_EMPTY] * appended     # a turn without a mask (counted in finish)
+            elif len(rows) != appended:
+                raise ValueError(
+                    f"verl's ToolAgentLoop appended {appended} tokens for a turn whose "
+                    f"engine mask has {len(rows)}: its Continuous Token merge changed the "
+                    "generated tokens, so their supports cannot be placed")
+            self.rows.extend(rows)
+        else:
+            self.rows.extend([_EMPTY] * appended)
+
+    def finish(self, output):
+        """The output with the whole response's mask in `extra_fields[MASK_FIELD]`
+        (unchanged where no turn carried a mask)."""
+        if not self.masked:
+            return output
+        if self.masked != self.turns:
+            raise ValueError(
+                f"{self.turns - self.masked} of the {self.turns} turns of a tool agent loop "
+                "came back without a sampling mask: a request went with "
+                "extra_args={'return_sampling_mask': False} or to a server without "
+                "return_sampling_mask")
+        n = len(output.response_ids)
+        if len(self.rows) < n:
+            raise ValueError(f"the turns' masks cover {len(self.rows)} tokens of a "
+                             f"{n}-token response")
+        rows = self.rows[:n]                  # verl cuts the response the same way
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum([len(r) for r in rows])
+        ids = np.concatenate(rows).astype(np.int32) if rows else _EMPTY
+        output.extra_fields[MASK_FIELD] = (ids, offsets)
+        return output
+
+
+class _WatchGenerate:
+    """The loop's `server_manager` for one run: each generation's mask to `turns`."""
+
+    def __init__(self, inner, turns: TurnMasks):
+        self._inner, self._turns = inner, turns
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    async def generate(self, *args, **kwargs):
+        output = await self._inner.generate(*args, **kwargs)
+        self._turns.generated(output)
+        return output
+
+
+def _watch(loop, turns: TurnMasks) -> list[str]:
+    """Per-instance wrappers on one ToolAgentLoop (verl makes one per sample)."""
+    loop.server_manager = _WatchGenerate(loop.server_manager, turns)
+    names = ["server_manager"]
+    for name, assistant in (("ct_merge_assistant_token", True),
+                            ("ct_merge_context_msg", False)):
+        def merge(*args, _bound=getattr(loop, name), _assistant=assistant, **kwargs):
+            async def run():
+                result = await _bound(*args, **kwargs)
+                turns.merged(result, _assistant)
+                return result
+            return run()
+        setattr(loop, name, merge)
+        names.append(name)
+    for name in ("_handle_generating_state", "_handle_processing_tools_state"):
+        def handle(agent_data, *args, _bound=getattr(loop, name), **kwargs):
+            async def run():
+                state = await _bound(agent_data, *args, **kwargs)
+                turns.commit(agent_data)
+                return state
+            return run()
+        setattr(loop, name, handle)
+        names.append(name)
+    return names
+
+
+def patch_tool_loop(module) -> None:
+    """`ToolAgentLoop.run` returns the whole response's mask (every turn's supports,
+    empty rows for the tokens between turns) in `extra_fields[MASK_FIELD]`."""
+    cls = module.ToolAgentLoop
+    original = cls.run
+    if getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    async def run(self, sampling_params, **kwargs):
+        turns = TurnMasks()
+        inner_manager = self.server_manager
+        names = _watch(self, turns)
+        try:
+            output = await original(self, sampling_params, **kwargs)
+        finally:
+            for name in names:
+                self.__dict__.pop(name, None)
+            self.server_manager = inner_manager
+        return turns.finish(output)
+
+    setattr(run, _MARK, True)
+    cls.run = run
