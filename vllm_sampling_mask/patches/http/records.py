@@ -22,6 +22,18 @@ PROTOCOL_CHANGE = ("the same fields for `/v1/completions`, `/v1/chat/completions
                    "on 0.24 a logprobs field that is no number: "
                    "`Release.logprobs_compared_raw`), a 400 naming the field")
 
+
+def protocol_seams(package: str, request: str, choice: str, response: str) -> tuple:
+    """An OpenAI route's protocol seams: where its request's body field reaches
+    `extra_args` (`to_sampling_params`), and the full response's choice and response
+    classes the subclasses replace."""
+    protocol = f"{package}.protocol"
+    return (function_entry(protocol, f"{request}.to_sampling_params", "self", "max_tokens",
+                           "default_sampling_params"),
+            name_entry(protocol, choice),
+            name_entry(protocol, response))
+
+
 SERVING_GONE = ("upstream returns the mask from this endpoint (vLLM #49577, in 0.28, "
                 "returns it from /inference/v1/generate only).")
 
@@ -337,13 +349,8 @@ RECORDS = (
           Process.API_SERVER, Kind.FEATURE, MASK_PR,
           PROTOCOL_GONE,
           change=PROTOCOL_CHANGE,
-          seams=(
-              function_entry(f"{OPENAI_COMPLETION}.protocol",
-                             "CompletionRequest.to_sampling_params", "self",
-                             "max_tokens", "default_sampling_params"),
-              name_entry(f"{OPENAI_COMPLETION}.protocol", "CompletionResponseChoice"),
-              name_entry(f"{OPENAI_COMPLETION}.protocol", "CompletionResponse"),
-          )),
+          seams=protocol_seams(OPENAI_COMPLETION, "CompletionRequest", "CompletionResponseChoice",
+                               "CompletionResponse")),
     Patch("openai_completions", ("vllm.entrypoints.openai.completion.serving",),
           Process.API_SERVER, Kind.FEATURE, MASK_PR,
           SERVING_GONE, change=SERVING_CHANGE,
@@ -384,13 +391,8 @@ RECORDS = (
           Process.API_SERVER, Kind.FEATURE, MASK_PR,
           PROTOCOL_GONE,
           change=PROTOCOL_CHANGE,
-          seams=(
-              function_entry(f"{OPENAI_CHAT}.protocol",
-                             "ChatCompletionRequest.to_sampling_params", "self",
-                             "max_tokens", "default_sampling_params"),
-              name_entry(f"{OPENAI_CHAT}.protocol", "ChatCompletionResponseChoice"),
-              name_entry(f"{OPENAI_CHAT}.protocol", "ChatCompletionResponse"),
-          )),
+          seams=protocol_seams(OPENAI_CHAT, "ChatCompletionRequest", "ChatCompletionResponseChoice",
+                               "ChatCompletionResponse")),
     Patch("openai_chat", ("vllm.entrypoints.openai.chat_completion.serving",), Process.API_SERVER,
           Kind.FEATURE, MASK_PR,
           SERVING_GONE, change=SERVING_CHANGE,

@@ -29,6 +29,9 @@ LORA_TORCH_OPS = "vllm.lora.ops.torch_ops.lora_ops"
 # `reload_weights`' parameters (the runner's; the worker's own from 0.34)
 RELOAD_WEIGHTS_PARAMS = ("self", "weights_iterator", "weights_path", "is_checkpoint_format")
 
+# Every CPU op patch's first seam: where vLLM loads its `_C` kernels on a CPU host.
+IMPORT_KERNELS = name_entry("vllm.platforms.cpu", "CpuPlatform.import_kernels")
+
 # Where a runner adapter asks whether its worker is the executor's output rank
 # (`patches/worker/_runner.py`): the groups, and the executor's own definition of that rank.
 PARALLEL_STATE = "vllm.distributed.parallel_state"
@@ -355,30 +358,26 @@ RECORDS = (
     # op given a plain-PyTorch kernel only where the loaded `_C` has none for CPU
     *(Patch(name, (target,), Process.WORKER, Kind.ENABLER, NO_CPU_WHEEL, CPU_WHEEL_BACK, **span,
             change=f"give a CPU host without vLLM's CPU kernels a `_C.{op}`{what}",
-            seams=seams)
+            seams=(IMPORT_KERNELS, *seams))
       for name, target, op, what, span, seams in (
           ("cpu_op_memory_env", "vllm.v1.worker.cpu_worker", "init_cpu_memory_env", "", {},
            (
-               name_entry("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
                source_entry("vllm.v1.worker.cpu_worker", "CPUWorker.__init__",
                             "init_cpu_memory_env("),
            )),
           ("cpu_op_scheduler_metadata", "{cpu_ops}", "get_scheduler_metadata", "", {},
            (
-               name_entry("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
                source_entry("{cpu_ops}", "cpu_attn_get_scheduler_metadata",
                             "get_scheduler_metadata("),
            )),
           ("cpu_op_rotary_embedding", "vllm._custom_ops", "rotary_embedding", "", {},
            (
-               name_entry("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
                function_entry("vllm._custom_ops", "rotary_embedding", "positions", "query", "key",
                               "head_size", "cos_sin_cache", "is_neox", "rope_dim_offset",
                               "inverse"),
            )),
           ("cpu_op_reshape_and_cache", "{cpu_ops}", "cpu_attn_reshape_and_cache", "", {},
            (
-               name_entry("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
                function_entry("{cpu_ops}", "cpu_attn_reshape_and_cache", "key", "value",
                               "key_cache",
                               "value_cache", "slot_mapping", "isa", "k_scale", "v_scale",
@@ -386,7 +385,6 @@ RECORDS = (
            )),
           ("cpu_op_attention", "{cpu_ops}", "cpu_attention_with_kv_cache", "", {},
            (
-               name_entry("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
                function_entry("{cpu_ops}", "cpu_attention_with_kv_cache", "query", "key_cache",
                               "value_cache",
                               "output", "query_start_loc", "seq_lens", "scale", "causal",
@@ -398,14 +396,12 @@ RECORDS = (
           ("cpu_op_gumbel_argmax", TOPK_TOPP_SAMPLER, "fused_gumbel_argmax",
            " (the V1 runner's CPU sampler)", {"since": "0.32.0", "until": V1_RUNNER_GONE},
            (
-               name_entry("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
                source_entry(TOPK_TOPP_SAMPLER, "TopKTopPSampler.forward_cpu",
                             "torch.ops._C.fused_gumbel_argmax("),
            )),
           ("cpu_op_greedy_argmax", "vllm.v1.sample.sampler", "greedy_argmax",
            " (the V1 runner's greedy rows)", {"since": "0.32.0", "until": V1_RUNNER_GONE},
            (
-               name_entry("vllm.platforms.cpu", "CpuPlatform.import_kernels"),
                source_entry("vllm.v1.sample.sampler", "Sampler.greedy_sample",
                             "torch.ops._C.greedy_argmax("),
            )))),

@@ -1,12 +1,12 @@
 """Report Triton as usable when Triton's interpreter is switched on.
 
-What: sets `vllm.triton_utils.importing.HAS_TRITON = True` when
-    TRITON_INTERPRET=1, before any vLLM module copies the flag.
-Why: Model Runner V2 (whose sampler carries the sampling mask) needs Triton,
-    and vLLM only counts Triton as present when a GPU driver is active. Under
-    TRITON_INTERPRET=1 Triton runs every `@triton.jit` kernel on the CPU
-    through its interpreter, which is how CI runs the real MRv2 path here.
-    Without TRITON_INTERPRET=1 nothing changes.
+What it sets, only under TRITON_INTERPRET=1, before any vLLM module copies the flag:
+
+- `vllm.triton_utils.importing.HAS_TRITON = True`.
+
+Why: Model Runner V2 (whose sampler carries the mask) needs Triton, which vLLM counts
+only with a GPU driver; the interpreter runs every `@triton.jit` kernel on the CPU, how
+CI runs the real MRv2 path here.
 """
 
 from vllm_sampling_mask.config import triton_interpreter_on

@@ -1,22 +1,16 @@
 """`CompletionOutput.sampling_mask` (`sampling_mask_error`, `sampling_mask_reason`),
 merged on aggregation.
 
-What: in `vllm/outputs.py`, adds the dataclass fields
-    `sampling_mask: SamplingMask | None = None` (0.27.1; vLLM 0.32 declares it)
-    and `sampling_mask_error: str | None = None` (why the mask path ended this
-    completion; its finish_reason is then "error") and `sampling_mask_reason:
-    str | None = None` (why a completion of a request that never asked for a
-    mask carries none from some token on; it finished normally) to `CompletionOutput`,
-    exports the overlay's `SamplingMask` as `vllm.outputs.SamplingMask` (on
-    0.32 in place of upstream's one-field dataclass: ours takes its
-    constructor, `SamplingMask(token_ids)` / `SamplingMask(token_ids=...)`,
-    and reads `.token_ids` alike, so code written for upstream's keeps
-    working), and wraps `RequestOutput.add` so that aggregating DELTA outputs
-    (a consumer that fell behind) joins their masks exactly as upstream joins
-    their `token_ids` (0.32's own merge extends a list our `.token_ids`
-    builds afresh, so the wrapper's join is what counts there too).
-Why: the completion is what users read; real fields keep `replace` and the
-    constructor working. Both None for a request without a mask.
+What it adds and wraps, in `vllm/outputs.py`:
+
+- `CompletionOutput` fields `sampling_mask`, `sampling_mask_error` (why the mask path
+  ended the completion: finish_reason "error") and `sampling_mask_reason` (why a request
+  that never asked carries no mask from some token on); all None without a mask;
+- `vllm.outputs.SamplingMask`: the overlay's class (on 0.32 in place of upstream's);
+- `RequestOutput.add`: aggregating DELTA outputs joins their masks as their `token_ids`.
+
+Why: the completion is what users read; real fields keep `replace` and the constructor
+working.
 """
 
 from __future__ import annotations
@@ -31,10 +25,15 @@ def apply(module, release: Release) -> None:
     add_field(module.CompletionOutput, "sampling_mask", SamplingMask | None, None)
     add_field(module.CompletionOutput, "sampling_mask_error", str | None, None)
     add_field(module.CompletionOutput, "sampling_mask_reason", str | None, None)
+    # It takes upstream's constructor (`SamplingMask(token_ids)`) and reads `.token_ids`
+    # alike, so code written for upstream's keeps working.
     module.SamplingMask = SamplingMask
 
+    # A consumer that fell behind aggregates DELTA outputs. 0.32's own merge extends a
+    # list our `.token_ids` builds afresh, so this join is what counts there too.
     @wraps(module, "RequestOutput.add")
     def add(wrapped, self, args, kwargs):
+
         next_output = argument(wrapped, args, kwargs, "next_output")
         aggregate = argument(wrapped, args, kwargs, "aggregate")
         if not aggregate:

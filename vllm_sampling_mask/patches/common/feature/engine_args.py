@@ -1,28 +1,17 @@
 """The engine flag: `EngineArgs.return_sampling_mask` and `--return-sampling-mask`.
 
-What: adds the dataclass fields `return_sampling_mask: bool = False` (0.27.1;
-    vLLM 0.32 has it) and `max_sampling_mask_size: int = 4096` to `EngineArgs`
-    (and `AsyncEngineArgs`), so `LLM(..., return_sampling_mask=True)` and
-    `EngineArgs.from_cli_args` accept them; adds the documented CLI flags
-    `--return-sampling-mask` (0.27.1; on 0.32 upstream's option gets this
-    help text) and `--max-sampling-mask-size` to the ModelConfig group; copies
-    the values onto the `ModelConfig` that `create_model_config` builds
-    (`sampling_mask_settings`; on 0.32 upstream's own `return_sampling_mask`
-    is set False there, so its Model-Runner-V2-only machinery, its config
-    checks and its request checks stay off and the overlay's runs instead:
-    `release.upstream_mask`); and, in
-    `create_engine_config`, refuses configurations the mask cannot be exact
-    under (`validation.startup_errors`), with one ValueError listing each
-    reason and its fix (in the `vllm` command, where nothing catches it, the
-    process ends with that one line, `vllm serve: error: ...`, exit code 1).
-    With `VLLM_SAMPLING_MASK_RETURN=1` in the environment, `create_engine_config`
-    starts every engine as if `return_sampling_mask=True` had been passed: the way in
-    for a framework that builds `LLM(...)` itself with fixed arguments (TRL's
-    colocate mode).
-Why: `LLM.__init__` passes unknown keywords straight into `EngineArgs`, which
-    fails before any vLLM plugin loads, and `ModelConfig` forbids unknown
-    constructor arguments; `create_engine_config` is the one point both `LLM`
-    and `vllm serve` pass through with the final config in hand.
+What it adds and wraps, in `vllm/engine/arg_utils.py`:
+
+- `EngineArgs` (and `AsyncEngineArgs`) fields `return_sampling_mask` (where upstream has
+  none) and `max_sampling_mask_size`;
+- `EngineArgs.add_cli_args`: the two flags, documented, in the ModelConfig group;
+- `EngineArgs.create_model_config`: the values onto `ModelConfig.sampling_mask_settings`;
+- `EngineArgs.create_engine_config`: refuses configurations the mask cannot be exact
+  under, with one ValueError listing each reason and its fix.
+
+Why: `LLM(...)` passes its keywords straight into `EngineArgs` before any plugin loads,
+and `create_engine_config` is the one point `LLM` and `vllm serve` both pass with the
+final config in hand.
 """
 
 from __future__ import annotations
@@ -91,6 +80,8 @@ def apply(module, release: Release) -> None:
         model_config.sampling_mask_settings = (
             EngineMaskSettings(max_size=int(self.max_sampling_mask_size))
             if self.return_sampling_mask else None)
+        # on 0.32 upstream's own `return_sampling_mask` is set False here, so its
+        # Model-Runner-V2-only machinery, config checks and request checks stay off
         if upstream_mask:   # upstream's own switch stays off: the overlay's runs
             model_config.return_sampling_mask = False
         return model_config
@@ -110,8 +101,11 @@ def apply(module, release: Release) -> None:
 
     @wraps(module, "EngineArgs.create_engine_config")
     def create_engine_config(wrapped, self, args, kwargs):
+        # the way in for a framework that builds `LLM(...)` itself with fixed arguments
+        # (TRL's colocate mode)
         if not self.return_sampling_mask and return_mask_from_env():
             self.return_sampling_mask = True    # VLLM_SAMPLING_MASK_RETURN=1
+
         if self.return_sampling_mask:
             # What the arguments already say is checked first, so these errors
             # come before any upstream complaint about the same settings.

@@ -1,21 +1,13 @@
 """A bfloat16 model runs on a CPU with AMX: each vLLM process asks for AMX tile state.
 
-What: when a process picks vLLM's CPU platform (`vllm.platforms.cpu` is imported:
-    the API server or `LLM` front end, the engine core and the worker each resolve
-    their platform before any CPU kernel runs), requests AMX tile data from the
-    kernel (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, the plain code
-    in `vllm_sampling_mask.worker.cpu_amx`) where the CPU has AMX (`amx_tile` in
-    /proc/cpuinfo, or `torch.cpu._is_amx_tile_supported()`, the check vLLM's kernels
-    make). Changes nothing off Linux x86-64, on a CPU without AMX, on other
-    platforms (CUDA never imports the module), or once granted; never raises: a
-    refusal is logged as one warning line. Applies with the mask flag on or off.
-Why: vLLM's CPU kernels for bfloat16 (the attention and small-GEMM kernels it
-    picks when `torch.cpu._is_amx_tile_supported()`) run AMX instructions, and no
-    vLLM process asks Linux for AMX tile state first: the worker dies with SIGILL
-    (exit code -4) as soon as it runs a bfloat16 model (vLLM's CPU default for a
-    float32 checkpoint), stock vLLM too.
-Upstream issue: none known; would file "CPU: bfloat16 worker dies with SIGILL on
-    AMX hosts (AMX kernels run without ARCH_REQ_XCOMP_PERM for XTILEDATA)".
+What it does, when a process picks vLLM's CPU platform (`vllm.platforms.cpu` is
+imported, before any CPU kernel runs), with the mask flag on or off:
+
+- requests AMX tile data from Linux where the CPU has AMX (`worker.cpu_amx`); never
+  raises: a refusal is one warning line. Elsewhere, or once granted, nothing changes.
+
+Why: vLLM's bfloat16 CPU kernels run AMX instructions without asking Linux first: the
+worker died with SIGILL, stock vLLM too.
 """
 
 from __future__ import annotations
@@ -51,5 +43,10 @@ def request() -> cpu_amx.TileRequest:
     return result
 
 
+# The API server or `LLM` front end, the engine core and the worker each resolve their
+# platform; CUDA never imports the module. `arch_prctl(ARCH_REQ_XCOMP_PERM,
+# XFEATURE_XTILEDATA)` where /proc/cpuinfo says `amx_tile` or torch's check (the one
+# vLLM's kernels make) says so; bfloat16 is vLLM's CPU default for a float32 checkpoint.
 def apply(module, release: Release) -> None:
     request()
+

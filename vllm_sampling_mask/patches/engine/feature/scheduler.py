@@ -1,35 +1,16 @@
 """Slice each step's masks per request into the engine-core outputs.
 
-What: in `vllm/v1/core/sched/scheduler.py`, makes the scheduler build
-    `engine.outputs.MaskedEngineCoreOutput` (a subclass with trailing mask fields) and
-    wraps `Scheduler.update_from_output`: after upstream has cut each
-    request's new tokens (stop tokens, max_tokens, preemption, aborts), each
-    output of a request that wants a mask gets the support of exactly the
-    token it kept (others get none), as byte slices of the step's flat arrays
-    (`transport.WireRows`: the arrays turn to bytes once a step; raw bytes cost
-    the engine core's encoder nothing per output). Where the worker checked
-    each row against the token it drew (`StepMasks.drawn`: the V1 sampler on a
-    CPU host), an output whose kept token is that token needs one comparison;
-    the other outputs' rows are checked at once (`StepMasks.suspects`); only a
-    suspect row is looked at alone. A row that cannot
-    describe its draw exactly (a wide row that found no slot, an empty
-    support, a sampled token outside its support, more than one token, or
-    anything unexpected) ends *that request* with finish reason ERROR and
-    `sampling_mask_error` saying why, carrying no unmasked token; the rest of
-    the batch and the engine go on. A request whose mask was decided by
-    default (its switch null: `validation.mask_is_optional`, read from a
-    copy of `Scheduler.requests` taken before upstream frees the step's finished
-    ones) is never ended by the mask path: the same problem
-    keeps its token and sets `sampling_mask_reason` instead, and the output
-    processor serves that token and every later one without a mask. A step with tokens but no
-    `ModelRunnerOutput.sampling_mask_step` raises `MissingSamplingMaskError`; a
-    step the worker marked `transport.NO_MASKS` (no row wanted a mask) is
-    upstream's alone.
-Why: the scheduler is where per-step runner rows become per-request outputs;
-    slicing after upstream keeps the mask aligned with `new_token_ids` by
-    construction, and it can finish a single request cleanly. A request that
-    asked for support logprobs also gets `sampling_mask_logprobs` (aligned with
-    the ids) and `sampling_mask_log_kept`.
+What it wraps, in `vllm/v1/core/sched/scheduler.py`, beside making the scheduler build
+`engine.outputs.MaskedEngineCoreOutput` (trailing mask fields):
+
+- `Scheduler.update_from_output`: after upstream cut each request's new tokens, gives
+  each output of a request that wants a mask the support of exactly the tokens it kept
+  (byte slices of the step's flat arrays, `transport.WireRows`), or ends that request
+  alone (finish reason ERROR, `sampling_mask_error`) when its rows cannot describe its
+  draw.
+
+Why: the scheduler is where runner rows become per-request outputs; slicing after
+upstream keeps the mask aligned with `new_token_ids` by construction.
 """
 
 from __future__ import annotations
@@ -82,7 +63,7 @@ def apply(module, release: Release) -> None:
                        for out in engine_outputs.outputs if out.new_token_ids]
         if not with_tokens:
             return outputs
-        if masks is None:
+        if masks is None:   # a step with tokens always carries its masks
             raise MissingSamplingMaskError(
                 "Scheduler.update_from_output",
                 f"request {with_tokens[0].request_id} got tokens but "
@@ -93,12 +74,15 @@ def apply(module, release: Release) -> None:
             request = requests.get(out.request_id)
             if (request is not None and request.sampling_params is not None
                     and mask_is_optional(request.sampling_params)):
-                # never asked for: serve on without a mask, never end the request
+                # never asked for (its switch null): it keeps its token and sets
+                # `sampling_mask_reason`; the output processor serves that token and
+                # every later one without a mask. Never end the request.
                 logger.info("sampling mask: request %s goes on without a mask: %s",
                             out.request_id, problem)
                 drop(out, problem)
-            else:
+            else:   # no unmasked token; the rest of the batch and the engine go on
                 fail(out, problem)
+
                 failed.append(out.request_id)
         if failed:
             self.finish_requests(failed, RequestStatus.FINISHED_ERROR)

@@ -1,25 +1,16 @@
 """Accumulate masks per request and put them on each `CompletionOutput`.
 
-What: in `vllm/v1/engine/output_processor.py`, declares
-    `RequestState.sampling_masks` (a `MaskAccumulator` for requests whose
-    parameters say `wants_mask`, set in `RequestState.from_new_request`, else
-    None; it keeps the support logprobs too for requests that asked,
-    `validation.wants_support_logprobs`) and `RequestState.sampling_mask_error`; wraps
-    `OutputProcessor.process_outputs` to append each engine-core output's
-    supports (the engine core's bytes, kept by reference: the accumulator joins
-    them when a `CompletionOutput` reads its mask) to its request's accumulator
-    before upstream handles the output
-    (a masked request's output with tokens but no mask raises
-    `MissingSamplingMaskError`; a mask error from the engine core is kept),
-    and `RequestState._new_completion_output` to set `sampling_mask` and
-    `sampling_mask_error` on the `CompletionOutput` it builds: all tokens so
-    far for cumulative and final outputs, the new tokens only for DELTA,
-    always the same tokens as `token_ids`. An engine-core output carrying
-    `sampling_mask_reason` (a request that never asked, whose mask the scheduler
-    dropped) stops the accumulator: every `CompletionOutput` reaching that token
-    or a later one has `sampling_mask=None` and `sampling_mask_reason`.
-Why: the output processor is where per-step outputs become per-request
-    results (n > 1 children each have their own request state).
+What it wraps, in `vllm/v1/engine/output_processor.py`, beside declaring
+`RequestState.sampling_masks` and `RequestState.sampling_mask_error`:
+
+- `RequestState.from_new_request`: a `MaskAccumulator` for a request that wants a mask;
+- `OutputProcessor.process_outputs`: appends each engine-core output's supports to its
+  request's accumulator before upstream handles the output;
+- `RequestState._new_completion_output`: sets `sampling_mask` (the same tokens as
+  `token_ids`) and `sampling_mask_error` on the output it builds.
+
+Why: the output processor is where per-step outputs become per-request results (n > 1
+children each have their own request state).
 """
 
 from __future__ import annotations
@@ -55,6 +46,8 @@ def apply(module, release: Release) -> None:
             state = self.request_states.get(out.request_id)
             if state is None or state.sampling_masks is None:
                 continue
+            # a request that never asked, whose mask the scheduler dropped: every output
+            # reaching that token or a later one has sampling_mask=None and the reason
             if out.sampling_mask_reason is not None:
                 state.sampling_masks.stop(out.sampling_mask_reason)
             if out.sampling_mask_error is not None:
@@ -72,7 +65,9 @@ def apply(module, release: Release) -> None:
                         "OutputProcessor.process_outputs",
                         f"request {out.request_id} asked for support logprobs but its "
                         "EngineCoreOutput has no sampling_mask_logprobs")
+                # the engine core's bytes, kept by reference: joined when an output reads
                 state.sampling_masks.append(out.sampling_mask_ids,
+
                                             out.sampling_mask_counts,
                                             out.sampling_mask_logprobs,
                                             out.sampling_mask_log_kept)

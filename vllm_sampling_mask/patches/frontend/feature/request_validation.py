@@ -1,29 +1,16 @@
 """Decide, per request, whether it carries a mask; refuse what a mask cannot describe.
 
-What: wraps `InputProcessor._validate_params` and `InputProcessor.process_inputs`
-    (vllm/v1/engine/input_processor.py). A generation request's own
-    `extra_args["return_sampling_mask"]` (true, false or null) is resolved
-    against the engine (`validation.resolve_request`): a bad value, true on an
-    engine without the flag, true with temperature 0, or true with a top_k
-    above --max-sampling-mask-size (and below the vocabulary size: a top_k at
-    or above it is no top-k, whatever the switch) raise `errors.SamplingMaskRequestError` (a
-    VLLMValidationError, so HTTP 400, and a ValueError for `LLM.generate`)
-    naming the parameter. With the flag on, the request's own copy of its
-    sampling parameters then gets `extra_args["return_sampling_mask"]` set to
-    the decision (True or False), which every later hop reads
-    (`validation.wants_mask`), and `extra_args["return_sampling_mask_logprobs"]`
-    the support-logprobs decision (`validation.wants_support_logprobs`): a bool
-    (else a 400 naming it), refused on an engine without the flag and beside
-    `return_sampling_mask=false`; true implies the mask (a null
-    `return_sampling_mask` becomes true). A mask decided by default (the
-    switch null) also gets `extra_args["sampling_mask_optional"] = True`: the
-    mask path never fails such a request (a null switch with a top_k above the
-    limit is served without a mask; the scheduler drops the mask of a later
-    step it cannot describe, `validation.mask_is_optional`).
-Why: every request entering the engine, from `LLM` or the server, passes here
-    before it reaches the engine core, so a bad request fails alone and the
-    engine keeps serving; deciding once here means the output processor knows
-    which requests must come back with a mask.
+What it wraps, in `InputProcessor` (vllm/v1/engine/input_processor.py):
+
+- `_validate_params`: resolves the request's `return_sampling_mask` and
+  `return_sampling_mask_logprobs` against the engine; what cannot be served raises
+  `errors.SamplingMaskRequestError` naming the parameter (HTTP 400, a ValueError for
+  `LLM.generate`);
+- `process_inputs`: with the flag on, writes the decisions into the request's own
+  `extra_args`, which every later hop reads (`validation.wants_mask`).
+
+Why: every request passes here before the engine core, so a bad request fails alone,
+and deciding once here tells the output processor which requests carry a mask.
 """
 
 from __future__ import annotations
@@ -59,6 +46,9 @@ def decide_all(sampling_params, *, engine_on: bool = True,
     if problem is not None:
         parameter, message = problem
         raise SamplingMaskRequestError(message, parameter=parameter, value=asked)
+    # a bad value, true on an engine without the flag, true with temperature 0, true with
+    # a top_k above --max-sampling-mask-size (and below the vocabulary size: a top_k at or
+    # above it is no top-k, whatever the switch)
     wants, problem = resolve_request(
         engine_on=engine_on, requested=requested,
         temperature=sampling_params.temperature, top_k=sampling_params.top_k,
@@ -68,6 +58,8 @@ def decide_all(sampling_params, *, engine_on: bool = True,
         parameter, message = problem
         value = requested if parameter == MASK_ARG else getattr(sampling_params, parameter)
         raise SamplingMaskRequestError(message, parameter=parameter, value=value)
+    # support logprobs: a bool, refused without the flag and beside
+    # `return_sampling_mask=false`; true implies the mask (a null switch becomes true)
     return wants, wants and asked is True, wants and requested is None
 
 
@@ -95,6 +87,11 @@ def apply(module, release: Release) -> None:
         if params is not None and mask_enabled(self.vllm_config):
             # `params` is the request's own clone: the caller's object is untouched.
             wants, logprobs, optional = check(self, params)
+            # A mask decided by default (the switch null) is optional: the mask path never
+            # fails such a request (a null switch with a top_k above the limit is served
+            # without a mask; the scheduler drops a later step's mask it cannot describe,
+            # `validation.mask_is_optional`).
             params.extra_args = {**(params.extra_args or {}), MASK_ARG: wants,
+
                                  LOGPROBS_ARG: logprobs, OPTIONAL_ARG: optional}
         return request

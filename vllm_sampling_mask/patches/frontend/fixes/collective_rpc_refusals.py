@@ -1,33 +1,15 @@
 """`POST /collective_rpc`: the caller's mistakes are HTTP 400s with one line.
 
-What: wraps `AsyncLLM.collective_rpc` (vllm/v1/engine/async_llm.py; the route
-    `POST /collective_rpc` and `AsyncLLM` callers; `collective_rpc_refusals_sync` does
-    the same for `LLM`):
-    - before the call, a call by name that cannot run (`rpc_check.rpc_problem`: a
-      method that is no string, private, or not the worker's; `args`, `kwargs` or
-      `timeout` of the wrong type; arguments that do not bind to the method; a
-      weight-transfer method on an engine without `--weight-transfer-config`) is
-      refused with the release's validation error naming the parameter (HTTP 400),
-      and never reaches the workers. The worker's methods are looked up on the
-      worker wrapper, the worker class and its extension (`parallel_config.
-      worker_cls`, `worker_extension_cls`), imported once here;
-    - after it, a worker's `WeightsRefusedError` (`reload_weights_recovery`: the
-      reload's arguments or checkpoint failed a check, nothing was loaded), which
-      reaches this process as text inside a plain `Exception("Call to
-      collective_rpc method failed: ...")`, is raised again as the validation error
-      with its own line and parameter (HTTP 400); a reload undone part-way
-      (`WeightsRestoredError`) as that error with its line alone (HTTP 500 without
-      the worker's wrapping). Every other failure and every success are left as
-      they were.
-Why: upstream's route checks only that the body is a JSON object with a `method`:
-    a method that is not a string, not the worker's, or arguments that do not fit
-    reach the workers, fail there, and come back as a plain `Exception` that the
-    app's catch-all handler answers with HTTP 500 and the worker's wrapped text (a
-    nonexistent checkpoint path: a 500); `"method": "__init__"` re-ran the worker
-    wrapper's constructor.
-Upstream: none known; would file "/collective_rpc answers caller errors with 500
-    (the worker's exception crosses processes as text) and runs any attribute of
-    the worker, private ones included".
+What it wraps: `AsyncLLM.collective_rpc` (vllm/v1/engine/async_llm.py; the route and
+`AsyncLLM` callers; `collective_rpc_refusals_sync` does the same for `LLM`):
+
+- before the call, a call by name that cannot run is refused with the release's
+  validation error naming the parameter (HTTP 400), and never reaches the workers;
+- after it, a worker's reload refusal (`WeightsRefusedError`) is an HTTP 400 with its own
+  line, a reload undone part-way (`WeightsRestoredError`) that error's line alone.
+
+Why: upstream checks only that the body has a `method`; the rest failed in the workers
+and came back as HTTP 500 with the worker's wrapped text.
 """
 
 from __future__ import annotations
@@ -75,6 +57,10 @@ def has_weight_transfer(engine) -> bool:
 
 def refused(engine, args, kwargs, wrapped):
     """The validation error for a call that cannot run, or None."""
+    # `rpc_check.rpc_problem`: a method that is no string, private (upstream re-ran the
+    # wrapper's constructor for "__init__"), or not the worker's; `args`, `kwargs` or
+    # `timeout` of the wrong type; arguments that do not bind; a weight-transfer method
+    # on an engine without `--weight-transfer-config`
     problem = rpc_problem(argument(wrapped, args, kwargs, "method"),
                           argument(wrapped, args, kwargs, "args"),
                           argument(wrapped, args, kwargs, "kwargs"),
@@ -92,7 +78,10 @@ def translated(exc: Exception, client: bool) -> Exception | None:
     """The overlay's reload error that `exc` carries (as itself or as text), as the
     API raises it: a validation error for the HTTP app (`client`), the overlay's
     own class for `LLM`; None when it carries none."""
+    # it reaches this process as text in a plain `Exception("Call to collective_rpc
+    # method failed: ...")`; every other failure is left as it was
     text = str(exc)
+
     refusal = refusal_in(text)
     if refusal is not None:
         parameter = refused_parameter(refusal)

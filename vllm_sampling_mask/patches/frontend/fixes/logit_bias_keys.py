@@ -1,18 +1,13 @@
 """A `logit_bias` key that is no token id is a 400 naming `logit_bias` (vLLM 0.24).
 
-What: wraps `SamplingParams.from_optional` (vllm/sampling_params.py), which the
-    `/v1/completions` and `/v1/chat/completions` requests call to build their
-    sampling parameters: before upstream converts the keys of `logit_bias` with
-    `int()`, every key it cannot convert is refused with a `VLLMValidationError`
-    naming `logit_bias` and the keys, e.g. `logit_bias keys must be token ids
-    (integers, as strings in JSON); these are not: ['abc']`. Keys it can convert,
-    and every other argument, reach upstream as they came.
-Why: 0.24 converts the keys with a bare `int(token)`, so `{"abc": 1}` raised a
-    plain `ValueError` ("invalid literal for int() with base 10: 'abc'"), which
-    the routes answer 400 with that message and no parameter: the client is not
-    told which field is wrong (tests/http/test_bad_input.py).
-Upstream: vLLM #46612 (0.27.1 raises `VLLMValidationError(parameter="logit_bias")`
-    for these keys).
+What it wraps: `SamplingParams.from_optional` (vllm/sampling_params.py; the OpenAI
+routes build their sampling parameters with it):
+
+- before upstream converts the keys of `logit_bias` with `int()`, the keys it cannot
+  convert are refused with a `VLLMValidationError` naming `logit_bias` and the keys;
+  everything else reaches upstream as it came.
+
+Why: 0.24's bare `int(token)` raised a plain `ValueError`, a 400 naming no parameter.
 """
 
 from __future__ import annotations
@@ -37,7 +32,10 @@ def apply(module, release: Release) -> None:
 
     @wraps(module, "SamplingParams.from_optional")
     def from_optional(wrapped, instance, args, kwargs):
+        # `{"abc": 1}`: "invalid literal for int() with base 10: 'abc'" upstream
+        # (tests/http/test_bad_input.py)
         bad = unconvertible_keys(argument(wrapped, args, kwargs, "logit_bias"))
+
         if bad:
             raise VLLMValidationError(
                 "logit_bias keys must be token ids (integers, as strings in JSON); "

@@ -1,33 +1,15 @@
 """Every request still pending when the engine client shuts down gets its answer.
 
-What: wraps `AsyncLLM.shutdown` (vllm/v1/engine/async_llm.py). Once upstream's
-    shutdown has stopped the engine core (whatever it raised), every request
-    still in the output processor is finished on the event loop of the output
-    handler, with upstream's own `OutputProcessor.abort_requests(..., internal=
-    True)`: its queue gets a final output with `finish_reason: "abort"`, the
-    tokens so far and their masks, so its HTTP handler answers at once (a 200,
-    or a last chunk and `[DONE]` when streamed). A request arriving afterwards
-    already fails fast upstream (`engine_dead` is set: `EngineDeadError`, a
-    500). The output handler may see the engine core die first (its read raises
-    `EngineDeadError`, which upstream hands every pending request as a 500):
-    the wrapper marks the output processor (declared
-    `OutputProcessor.shutting_down`, False) before upstream's shutdown starts,
-    and a wrapped `OutputProcessor.propagate_error` answers the pending
-    requests with the same abort outputs instead when it is an
-    `EngineDeadError` during that shutdown (any other error, or one outside a
-    shutdown, propagates as upstream's). `AsyncLLM.output_handler` is declared
-    (None) on the class, so a shutdown from `__del__` of a half-built client
-    finds nothing to do.
-    Shutdown only: no per-request cost. Applies with the mask flag on or off.
-Why: on SIGTERM the API server (`launcher.serve_http`) shuts the engine client
-    down before uvicorn, and requests are answered only by outputs from the
-    engine core. With `--shutdown-timeout 0` an engine core busy in a step is
-    SIGKILLed before it sends its abort outputs; with a timeout, a request
-    reaching the API server after the engine core finished draining is sent
-    to a core that no longer reads. `AsyncLLM.shutdown` then cancels its
-    output handler without failing those requests, so their clients were never
-    answered, and uvicorn (no graceful-shutdown timeout) kept the process
-    alive until every such client gave up (found by tests/server/test_faults.py).
+What it wraps, in vllm/v1/engine/async_llm.py and its output processor:
+
+- `AsyncLLM.shutdown`: once upstream's shutdown stopped the engine core, finishes every
+  request still pending with an abort output (its tokens so far and their masks);
+- `OutputProcessor.propagate_error`: during that shutdown, an `EngineDeadError` answers
+  the pending requests the same way instead of with a 500.
+
+Shutdown only: no per-request cost; with the mask flag on or off.
+Why: on SIGTERM upstream cancelled its output handler without answering pending
+requests, and uvicorn kept the process alive until every such client gave up.
 """
 
 from __future__ import annotations
@@ -47,9 +29,14 @@ def apply(module, release: Release) -> None:
     from vllm.v1.engine import output_processor as op
     from vllm.v1.engine.exceptions import EngineDeadError
 
+    # declared on the class: a shutdown from `__del__` of a half-built client finds
+    # nothing to do
     module.AsyncLLM.output_handler = None
     op.OutputProcessor.shutting_down = False
 
+    # The output handler may see the engine core die first (its read raises
+    # `EngineDeadError`, which upstream hands every pending request as a 500). Any other
+    # error, or one outside a shutdown, propagates as upstream's.
     @wraps(op, "OutputProcessor.propagate_error")
     def propagate_error(wrapped, self, args, kwargs):
         if self.shutting_down and isinstance(argument(wrapped, args, kwargs, "e"),
@@ -57,6 +44,11 @@ def apply(module, release: Release) -> None:
             return answer_pending(self)
         return wrapped(*args, **kwargs)
 
+    # `launcher.serve_http` shuts the engine client down before uvicorn, and requests are
+    # answered only by outputs from the engine core: with `--shutdown-timeout 0` a core
+    # busy in a step is SIGKILLed before it sends its abort outputs; with a timeout, a
+    # request arriving after the core drained is sent to a core that no longer reads.
+    # A request arriving after this fails fast upstream (`engine_dead`: a 500).
     @wraps(module, "AsyncLLM.shutdown")
     def shutdown(wrapped, self, args, kwargs):
         processor = getattr(self, "output_processor", None)   # a half-built client has none
@@ -67,5 +59,9 @@ def apply(module, release: Release) -> None:
         finally:
             # set together with output_processor, once a request or the loop started it
             if self.output_handler is not None:
+                # upstream's own `abort_requests(..., internal=True)`: each queue gets a
+                # final output with finish_reason "abort", answered at once (a 200, or a
+                # last chunk and [DONE] when streamed)
                 run_in_loop(self.output_handler.get_loop(), answer_pending,
+
                             self.output_processor)

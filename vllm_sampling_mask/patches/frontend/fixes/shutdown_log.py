@@ -1,18 +1,14 @@
 """A shutdown the operator asked for ends the server log without a traceback.
 
-What: wraps `AsyncLLM.shutdown` (vllm/v1/engine/async_llm.py) to count the
-    shutdowns in progress in this process, and adds a `logging.Filter` to that
-    module's logger: while a shutdown is in progress, the output handler's
-    `logger.exception("AsyncLLM output_handler failed.")` for an
-    `EngineDeadError` becomes one INFO line (`[shutdown] AsyncLLM: output
-    handler stopped with the engine core (EngineDeadError)`). Outside a
-    shutdown, the record is left alone: an engine core that dies on its own
-    still logs its traceback.
-Why: on SIGTERM (Ctrl-C, the demo's `terminate()`), upstream stops the engine
-    core, its output handler's next read raises `EngineDeadError`, and the log
-    ends in a 7-line traceback "EngineCore encountered an issue. See stack trace
-    (above) for the root cause." although nothing went wrong.
-Upstream: `AsyncLLM.shutdown`, and `output_handler` in `AsyncLLM._run_output_handler`.
+What it wraps and adds, in vllm/v1/engine/async_llm.py:
+
+- `AsyncLLM.shutdown`: counts the shutdowns in progress in this process;
+- a `logging.Filter` on the module's logger: during a shutdown, the output handler's
+  traceback for an `EngineDeadError` becomes one INFO line; outside one, an engine core
+  that dies on its own still logs its traceback.
+
+Why: on SIGTERM the log ended in a 7-line traceback ("EngineCore encountered an issue")
+although nothing went wrong.
 """
 
 from __future__ import annotations
@@ -32,7 +28,10 @@ def shutting_down() -> bool:
 
 
 class QuietShutdown(logging.Filter):
+    # upstream stops the engine core, and the output handler's next read raises
+    # `EngineDeadError`: `logger.exception("AsyncLLM output_handler failed.")`
     def filter(self, record: logging.LogRecord) -> bool:
+
         from vllm.v1.engine.exceptions import EngineDeadError
 
         exc = record.exc_info[1] if record.exc_info else None

@@ -1,40 +1,16 @@
 """Check every token id and integer a request carries before it reaches the engine;
 answer the input processor's plain ValueErrors as client errors.
 
-What: wraps three methods of `InputProcessor` (vllm/v1/engine/input_processor.py),
-    the seam every route passes (`LLM.generate`, `/inference/v1/generate`,
-    `/v1/completions`, `/v1/chat/completions`):
-    - `_validate_params`, before upstream's checks: `allowed_token_ids`,
-      `logit_bias` keys (and finite values) and `stop_token_ids` must be token ids
-      of the model (`model_config.get_vocab_size()`), and every integer of the
-      sampling parameters must fit in 64 bits, and no bad word may be whitespace
-      only (upstream indexes its empty encoding: an IndexError, HTTP 500);
-    - `_validate_model_input`, before upstream's checks: the prompt's token ids
-      must lie in [0, vocab size) (a multimodal prompt keeps upstream's upper bound,
-      which admits the tokenizer's placeholder ids, and is checked for negatives);
-    - `process_inputs`, after upstream: the tokenizer's encoding of `bad_words`
-      must stay inside the model's vocabulary; and a plain `ValueError` that
-      upstream's own checks raise in there (an invalid regex or JSON schema in
-      `structured_outputs` / `response_format`) is re-raised as a client error
-      (0.32 raises a client error there itself, naming no parameter: it is
-      re-raised naming `structured_outputs`).
-    A violation raises `errors.RequestInputError` (a VLLMValidationError and a ValueError):
-    HTTP 400 naming the parameter, the value and the valid range; a ValueError from
-    `LLM.generate`. The rules are `validation.token_id_problem` and its neighbours.
-    Active whether or not the sampling-mask flag is on: these are crash fixes.
-Why: upstream lets ids through that the model has no row for, and the worker's
-    embedding lookup or logits indexing then kills the engine (HTTP 500, server
-    gone): a prompt id equal to the vocabulary size passes
-    `_validate_model_input` (it compares with `tokenizer.max_token_id`, which the
-    HF tokenizer wrapper sets to the vocabulary size, one past the last id), and
-    negative prompt ids are not checked at all; `stop_token_ids` are never
-    range-checked, and with `min_tokens` they index the logits (an id == vocab
-    size kills the engine, a negative one silently masks another token);
-    `allowed_token_ids` are checked against `len(tokenizer)`, not the model, and
-    not at all without a tokenizer. An integer beyond 64 bits (`top_k=1e20` on
-    the OpenAI routes) fails in msgspec after the request was accepted, and
-    `AsyncLLM.generate` wraps a plain ValueError from the input processor in an
-    `EngineGenerateError()`: both HTTP 500 with an empty message.
+What it wraps, in `InputProcessor` (vllm/v1/engine/input_processor.py), the seam every
+route passes (`LLM.generate` and the HTTP routes):
+
+- `_validate_params`: sampling ids in the vocabulary, 64-bit integers, no blank bad word;
+- `_validate_model_input`: prompt ids in [0, vocab size);
+- `process_inputs`: bad words' encodings in the vocabulary; its plain ValueErrors as 400s.
+
+A violation raises `errors.RequestInputError` (HTTP 400 naming the parameter; a ValueError
+from `LLM.generate`), whether or not the sampling-mask flag is on.
+Why: upstream lets ids through that the model has no row for, and the engine dies.
 """
 
 from __future__ import annotations
@@ -78,6 +54,12 @@ def apply(module, release: Release) -> None:
             parameter, message = problem
             raise RequestInputError(message, parameter=parameter)
 
+    # Before upstream's checks. `stop_token_ids` are never range-checked upstream (with
+    # `min_tokens` they index the logits: id == vocab size kills the engine, a negative
+    # one masks another token); `allowed_token_ids` are checked against len(tokenizer),
+    # not the model, and not at all without a tokenizer; an integer beyond 64 bits
+    # (`top_k=1e20`) fails in msgspec after the request was accepted (HTTP 500); a
+    # whitespace-only bad word has an empty encoding that upstream indexes (IndexError).
     @wraps(module, "InputProcessor._validate_params")
     def _validate_params(wrapped, self, args, kwargs):
         params = argument(wrapped, args, kwargs, "params")
@@ -92,6 +74,8 @@ def apply(module, release: Release) -> None:
             refuse(blank_bad_word_problem(params.bad_words))
         return wrapped(*args, **kwargs)
 
+    # Before upstream's checks, which compare with `tokenizer.max_token_id` (the HF wrapper
+    # sets it to the vocabulary size, one past the last id) and never check negatives.
     @wraps(module, "InputProcessor._validate_model_input")
     def _validate_model_input(wrapped, self, args, kwargs):
         prompt_input = argument(wrapped, args, kwargs, "prompt_input")
@@ -106,8 +90,14 @@ def apply(module, release: Release) -> None:
                                     limit, what=prompt_words()))
         return wrapped(*args, **kwargs)
 
+    # After upstream. `AsyncLLM.generate` wraps a plain ValueError from the input processor
+    # (an invalid regex or JSON schema in `structured_outputs` / `response_format`) in an
+    # `EngineGenerateError()`: HTTP 500, empty message. It is re-raised as a client error;
+    # 0.32 raises a client error there itself naming no parameter: re-raised naming
+    # `structured_outputs`. Then the tokenizer's bad-word encodings must be in the vocabulary.
     @wraps(module, "InputProcessor.process_inputs")
     def process_inputs(wrapped, self, args, kwargs):
+
         try:
             request = wrapped(*args, **kwargs)
         except (ValueError, client_error) as exc:

@@ -1,21 +1,15 @@
 """`GET /debug/sampling_mask/state`: how much per-request state the server holds.
 
-What: in `vllm/entrypoints/openai/api_server.py` (0.27.1; `vllm/entrypoints/launchers/app.py`
-    on 0.32, where `vllm serve` builds its app), wraps `build_app` to add,
-    only when `VLLM_SAMPLING_MASK_DEBUG_STATE=1` is set in the server's
-    environment, the route `GET /debug/sampling_mask/state` (no route, and no
-    change at all, without it). The route answers JSON counts:
-    `api_server.output_processor` (`request_states`, `parent_requests`, and the
-    fork's `sampling_mask_accumulators`: request states holding a
-    `MaskAccumulator`, the `output_processor` patch's declared
-    `RequestState.sampling_masks`), and `engine_core` (the engine-core
-    process's scheduler, KV-cache block tables and each worker's runner state,
-    from the utility method the `debug_state_core` patch sets on `EngineCore`,
-    called with upstream's `call_utility_async`); `total` is the sum of every
-    count (0 when nothing is left behind).
-Why: a soak test (`scripts/soak.py`, `tests/server/test_soak.py`) checks that finished
-    and aborted requests, streamed or not, with masks or not, leave nothing
-    behind in any process.
+What it wraps, in the module `vllm serve` builds its app in (`openai/api_server.py`;
+`launchers/app.py` on 0.32), only with `VLLM_SAMPLING_MASK_DEBUG_STATE=1` in the server's
+environment (without it nothing changes):
+
+- `build_app`: adds the route, which answers JSON counts of the output processor's
+  state and the engine core's (`debug_state_core`), and their `total` (0 when nothing
+  is left behind).
+
+Why: a soak test checks that finished and aborted requests leave nothing behind in any
+process.
 """
 
 from __future__ import annotations
@@ -32,6 +26,8 @@ PATH = "/debug/sampling_mask/state"
 
 
 def output_processor_state(processor) -> dict:
+    # `sampling_mask_accumulators`: request states holding a `MaskAccumulator`
+    # (`RequestState.sampling_masks`, declared by the `output_processor` patch)
     states = processor.request_states
     return {"request_states": len(states),
             "parent_requests": len(processor.parent_requests),
@@ -56,7 +52,9 @@ async def state(request: Request) -> dict:
         # which API server answered (a string: `total` counts integers only)
         "api_server": {"process": f"pid {os.getpid()}",
                        "output_processor": output_processor_state(engine.output_processor)},
+        # the utility method `debug_state_core` sets on `EngineCore`
         "engine_core": await engine.engine_core.call_utility_async(METHOD),
+
     }
     return {**counts, "total": total(counts)}
 

@@ -1,10 +1,11 @@
-"""`/v1/chat/completions` wire format, as `completion_protocol` is `/v1/completions`'
+"""`/v1/chat/completions` wire format, as `completion_protocol` is `/v1/completions'`
 (the same fields, the same reason).
 
-What: replaces `ChatCompletionRequest`, `ChatCompletionResponseChoice` and
-`ChatCompletionResponse` in `vllm/entrypoints/openai/chat_completion/protocol.py` with
-subclasses that declare the mask's fields (`_protocol.declare_openai_fields`); the
-`openai_chat` patch fills the response fields.
+What it replaces, in `vllm/entrypoints/openai/chat_completion/protocol.py`:
+
+- `ChatCompletionRequest`, `ChatCompletionResponseChoice` and `ChatCompletionResponse`,
+  with subclasses declaring the mask's fields (`_protocol.declare_openai_fields`); the
+  `openai_chat` patch fills the response fields.
 """
 
 from __future__ import annotations

@@ -1,12 +1,15 @@
 """`/v1/completions` wire format: the `return_sampling_mask` body field in,
 `choices[].sampling_mask` out.
 
-What: in `vllm/entrypoints/openai/completion/protocol.py`, replaces `CompletionRequest`,
-    `CompletionResponseChoice` and `CompletionResponse` with subclasses that declare the
-    mask's body fields and response fields (`_protocol.declare_openai_fields` says
-    which, and how each is checked); the `openai_completions` patch fills the response fields.
+What it replaces, in `vllm/entrypoints/openai/completion/protocol.py`:
+
+- `CompletionRequest`, `CompletionResponseChoice` and `CompletionResponse`, with
+  subclasses declaring the mask's body and response fields
+  (`_protocol.declare_openai_fields` says which, and how each is checked); the
+  `openai_completions` patch fills the response fields.
+
 Why: the per-request choice must reach the engine from the OpenAI client
-    (`extra_body={"return_sampling_mask": ...}`), and the mask must reach it back.
+(`extra_body={"return_sampling_mask": ...}`), and the mask must come back.
 """
 
 from __future__ import annotations

@@ -1,36 +1,15 @@
 """`choices[].sampling_mask` from `POST /inference/v1/generate`, streamed or not.
 
-What: in the generate route's serving module (`release.module("generate_serving")`:
-    `vllm/entrypoints/scale_out/token_in_token_out/serving.py`, on 0.24
-    `vllm/entrypoints/serve/disagg/serving.py`), wraps
-    `ServingTokens.serve_tokens` to put the `return_sampling_mask` body field
-    (declared by the `generate_protocol` patch) into the request's
-    `SamplingParams.extra_args`, to run a non-streaming request with
-    FINAL_ONLY outputs when the engine flag is on or n > 1 (so `n > 1` returns
-    every choice: upstream's cumulative outputs keep only the children that
-    finished in the last step, a 200 with fewer than n choices), and, with the
-    flag on, to start a stream only once its first event is not an error (a
-    request the input processor refuses is an HTTP 400, streamed or not; a
-    refusal logs one line, `_refusals.answered`);
-    `serve_tokens_full_generator` to fill each choice's `sampling_mask` from
-    its final `CompletionOutput` (`_full_response.fill_masks`, the three routes'
-    one path; the finals recorded from its result generator:
-    `full_response_with_masks`); `serve_tokens_stream_generator` to give each
-    chunk the supports of exactly its tokens (`_stream.StreamMasks`, flag on),
-    and, flag on or off, the first result it reads holding every choice of an
-    n > 1 request (upstream sizes its per-choice counters from it, and failed
-    with HTTP 500 "list index out of range" when some children's first tokens
-    came later). The two n > 1 fixes hold with the flag off too: they are
-    upstream bugs, found by the soak run against a server without masks. A
-    completion the mask path ended (`sampling_mask_error`) is an HTTP 400
-    carrying that message, or an error event in a stream; never a choice
-    without its mask.
+What it wraps, in the generate route's serving module (`release.module("generate_serving")`):
+
+- `ServingTokens.serve_tokens`: forwards the body's `return_sampling_mask`; one final
+  output for every choice; a refused request is an HTTP 400, streamed or not;
+- `ServingTokens.serve_tokens_full_generator`: each choice's mask from its final output;
+- `ServingTokens.serve_tokens_stream_generator`: each chunk the supports of its tokens.
+
+A completion the mask path ended is an HTTP 400 (an error event in a stream), never a
+choice without its mask. Two n > 1 upstream bugs are fixed here with the flag off too.
 Why: the token-in/token-out endpoint is the RL trainers' way in.
-Upstream: the mask, vLLM #49577. The two n > 1 fixes (upstream bugs, kept in
-    this module because they change the same three wrappers): no issue or PR
-    known; would file "/inference/v1/generate: n > 1 returns fewer than n
-    choices without streaming, and a stream fails with 'list index out of
-    range' when some children's first tokens come later".
 """
 
 from __future__ import annotations
@@ -60,16 +39,21 @@ def apply(module, release: Release) -> None:
     @wraps(module, "ServingTokens.serve_tokens")
     async def serve_tokens(wrapped, self, args, kwargs):
         request = argument(wrapped, args, kwargs, "request")
+        # the body field (declared by the `generate_protocol` patch) into `extra_args`
         forward_body_field(request.sampling_params, request.return_sampling_mask,
                            request.return_sampling_mask_logprobs)
         on = serving_mask_enabled(self)
         if not request.stream and (on or (release.generate_n_unstreamed_bug
                                           and request.sampling_params.n > 1)):
-            # One final output holding every child of n > 1.
+            # One final output holding every child of n > 1 (upstream's cumulative
+            # outputs keep only the children that finished in the last step: a 200 with
+            # fewer than n choices; an upstream bug, fixed with the flag off too).
             request.sampling_params.output_kind = RequestOutputKind.FINAL_ONLY
         result = answered(await refusing(wrapped(*args, **kwargs), "serve_tokens",
                                          release, "sampling_params."),
                           "serve_tokens", error_response, "sampling_params.")
+        # With the flag on, a stream starts only once its first event is not an error
+        # (a refusal logs one line, `_refusals.answered`).
         if isinstance(result, AsyncGenerator) and (
                 on or request.return_sampling_mask is not None
                 or request.return_sampling_mask_logprobs is not None):
@@ -78,6 +62,8 @@ def apply(module, release: Release) -> None:
 
     @wraps(module, "ServingTokens.serve_tokens_full_generator")
     async def serve_tokens_full_generator(wrapped, self, args, kwargs):
+        # `_full_response.fill_masks`, the three routes' one path, from the finals
+        # recorded from the result generator; `sampling_mask_error` is an HTTP 400.
         try:
             return await full_response_with_masks(wrapped, args, kwargs, response_type)
         except SamplingMaskGenerationError as exc:
@@ -86,7 +72,11 @@ def apply(module, release: Release) -> None:
     @wraps(module, "ServingTokens.serve_tokens_stream_generator")
     def serve_tokens_stream_generator(wrapped, self, args, kwargs):
         request = argument(wrapped, args, kwargs, "request")
+        # Flag on or off, the first result holds every choice of n > 1
+        # (`every_choice_first`); with the flag on, `_stream.StreamMasks` gives each
+        # chunk the supports of exactly its tokens.
         n = request.sampling_params.n if release.generate_n_stream_bug else 1
+
         if not serving_mask_enabled(self):
             if n > 1:
                 args, kwargs = with_argument(wrapped, args, kwargs, "result_generator",

@@ -1,31 +1,17 @@
 """`/inference/v1/generate` wire format: the `return_sampling_mask` body field
 in, `choices[].sampling_mask` out.
 
-What: in the generate route's protocol module (`release.module("generate_protocol")`:
-    `vllm/entrypoints/scale_out/token_in_token_out/protocol.py`, on 0.24
-    `vllm/entrypoints/serve/disagg/protocol.py`), replaces
-    `GenerateRequest` with a subclass that declares the top-level body field
-    `return_sampling_mask: bool | None` (strict: "yes" is a 400 naming it;
-    upstream's model ignores unknown fields) and `sampling_mask_format:
-    "lists" | "packed" | None` (any other value a 400 naming it), a
-    before-validator that answers a misspelled mask field, one inside
-    `sampling_params`, or a sampling parameter at the top level (`top_k`) with a
-    400 naming the right field and place (`error_sentences.misplaced_field`; upstream
-    ignores them silently), and each full
-    response's choice class with its response class (`release.generate_choices`) with
-    subclasses that declare `sampling_mask: list[list[int]] | <packed object> |
-    None` and the support-logprob fields (the response class too: pydantic
-    serialises a list field by its declared item type; its `model_dump()` leaves
-    a lists mask for the `json_response` patch to write from its arrays:
-    `_protocol.declare_choice_fields`). The names are replaced
-    as the module finishes executing, so the route (`api_router`) parses the
-    subclass and the serving module builds the subclasses. The
-    `generate_endpoint` patch forwards the field and fills the response.
-Why: the token-in/token-out endpoint is the RL trainers' way in. vLLM 0.32
-    declares `sampling_mask: list[list[int]] | None` on its choices itself
-    (engine-wide, lists only); the subclasses widen it to the packed object. The
-    stream choices keep upstream's declaration (0.28-0.32 have one): the stream
-    hand-off writes each chunk's fields into its text, over upstream's null.
+What it replaces, in the generate route's protocol module
+(`release.module("generate_protocol")`), as the module finishes executing:
+
+- `GenerateRequest`: a subclass declaring `return_sampling_mask`,
+  `sampling_mask_format` and `return_sampling_mask_logprobs` (strict: a bad value is a
+  400 naming it), and refusing misplaced fields;
+- each full response's choice and response class (`release.generate_choices`):
+  subclasses declaring `sampling_mask` (lists or packed) and the support-logprob fields.
+
+The `generate_endpoint` patch forwards the field and fills the response.
+Why: the token-in/token-out endpoint is the RL trainers' way in.
 """
 
 from __future__ import annotations
@@ -53,6 +39,14 @@ def apply(module, release: Release) -> None:
         _named = model_validator(mode="wrap")(classmethod(
             lambda cls, data, handler: naming_sampling_refusals(cls, data, handler, release)))
 
+    # Replaced as the module finishes executing, so the route (`api_router`) parses the
+    # subclass and the serving module builds the subclasses. 0.32 declares
+    # `sampling_mask: list[list[int]] | None` on its choices itself (lists only): the
+    # subclasses widen it to the packed object; the response class too, as pydantic
+    # serialises a list field by its declared item type (`model_dump()` leaves a lists
+    # mask for `json_response` to write). The stream choices keep upstream's declaration:
+    # the stream hand-off writes each chunk's fields into its text, over upstream's null.
     module.GenerateRequest = GenerateRequest
     for response, choice in release.generate_choices.items():
+
         declare_choice_fields(module, choice, response)

@@ -1,18 +1,13 @@
 """`POST /inference/v1/generate` served whenever the mask is on (vLLM 0.30 on).
 
-What: in `vllm/entrypoints/scale_out/factories.py`, wraps
-    `register_scale_out_api_routers`: when the server runs with
-    `--return-sampling-mask` and upstream left its scale-out endpoints off (no
-    `--enable-scale-out`, no `--tokens-only`: 0.30-0.31 register nothing, 0.32
-    stubs that answer 403 "Scale-out endpoints are disabled"), the
-    token-in/token-out router's real routes (`/inference/v1/generate`,
-    `/inference/v1/abort_requests`) are served, in place of any stubs. The render
-    and derender endpoints stay behind `--enable-scale-out`, as upstream has them.
-Why: up to 0.29 the generate route is always served, and it is how RL trainers
-    read masks; the same `vllm serve ... --return-sampling-mask` line must serve it
-    on every release (README), without switching on unrelated endpoints.
-Upstream: vLLM 0.30 on gates the route with `--enable-scale-out`
-    (`entrypoints/scale_out/factories.py`).
+What it wraps, in `vllm/entrypoints/scale_out/factories.py`:
+
+- `register_scale_out_api_routers`: with `--return-sampling-mask` and the scale-out
+  endpoints off, serves the token-in/token-out router's real routes (generate and its
+  abort), in place of any stubs; render and derender stay behind `--enable-scale-out`.
+
+Why: it is how RL trainers read masks, and the same `vllm serve ...
+--return-sampling-mask` line must serve it on every release.
 """
 
 from __future__ import annotations
@@ -37,6 +32,10 @@ def apply(module, release: Release) -> None:
                 or getattr(cli, "enable_scale_out", False)
                 or getattr(cli, "tokens_only", False)):
             return result   # served already, or not asked for
+        # no `--enable-scale-out` or `--tokens-only`: 0.30-0.31 register nothing, 0.32
+        # stubs that answer 403 "Scale-out endpoints are disabled" (up to 0.29 the route
+        # is always served)
+
         api_router = importlib.import_module(release.module("generate_router"))
 
         paths = {route.path for route in api_router.router.routes}

@@ -1,20 +1,13 @@
 """A full response's lists masks, written from their arrays as the body is rendered.
 
-What: wraps `starlette.responses.JSONResponse.render` (FastAPI's `JSONResponse`,
-    which the three routes return a full response through:
-    `JSONResponse(content=generator.model_dump(), ...)`) to render a
-    `_full_response.MaskedBody` through its own `render`: upstream's JSON of the body with
-    each choice's `MaskLists` null, then each of those nulls replaced by the mask's
-    lists written from its arrays (`SamplingMask.to_lists_json`, compiled). Any
-    other content is upstream's alone.
-Why: a lists mask holds one JSON number per support id (512 tokens of 27 ids:
-    13,824 in a choice). Dumped by pydantic and written by `json.dumps`, it cost
-    the API server 3.5-4.2x what writing it from the arrays does (`python
-    benchmarks/bench_wire.py --tokens 512`, full responses of 512 tokens:
-    `lists-dumps` 2.19 and 7.11 us a token against `lists` 0.62 and 1.68, at about
-    8 and 50 ids a token); the bytes sent are the same.
-Upstream: none: an overlay field; upstream's own lists (0.32's generate route)
-    go through pydantic and `json.dumps` as every other field.
+What it wraps: `starlette.responses.JSONResponse.render` (the three routes return a full
+response through `JSONResponse(content=generator.model_dump(), ...)`):
+
+- a `_full_response.MaskedBody` renders through its own `render`; any other content is
+  upstream's alone.
+
+Why: dumped by pydantic and `json.dumps`, a lists mask (one number per support id) cost
+the API server 3.5-4.2x what writing it from the arrays does; the bytes are the same.
 """
 
 from __future__ import annotations
@@ -29,5 +22,10 @@ def apply(module, release: Release | None) -> None:
     def render(wrapped, self, args, kwargs):
         content = args[0] if args else kwargs.get("content")
         if type(content) is MaskedBody:
+            # upstream's JSON with each choice's `MaskLists` null, then each null replaced
+            # by the mask's lists (`SamplingMask.to_lists_json`, compiled). Measured with
+            # `python benchmarks/bench_wire.py --tokens 512`: `lists-dumps` 2.19 and 7.11
+            # us a token against `lists` 0.62 and 1.68, at about 8 and 50 ids a token.
             return content.render(wrapped)
+
         return wrapped(*args, **kwargs)

@@ -1,22 +1,15 @@
 """`choices[].sampling_mask` from `POST /v1/completions`, streamed or not.
 
-What: in `vllm/entrypoints/openai/completion/serving.py`, wraps
-    `OpenAIServingCompletion.create_completion` to answer a completion the mask
-    path ended (`sampling_mask_error`) with HTTP 400 carrying its message
-    (upstream: a 500 "Internal server error"), and to start a stream only once
-    its first event is not an error (a request the input processor refuses is
-    an HTTP 400, streamed or not); `request_output_to_completion_response` to
-    fill each choice's `sampling_mask` (declared by the `completion_protocol`
-    patch) from its final `CompletionOutput` (`_full_response.fill_masks`, the
-    three routes' one path; the finals come from its `final_res_batch`, whose
-    choices upstream numbers over all prompts in order: `batch_finals`);
-    `completion_stream_generator` to give each chunk the supports of exactly its
-    tokens (`_stream.StreamMasks`; a chunk's choice index is `output.index +
-    prompt index * n`, as upstream's) and to end a stream with an error event
-    carrying a mask error's message. The body field reaches the engine through
-    `CompletionRequest.to_sampling_params` (`completion_protocol`). The mask
-    covers the generated tokens (what `return_token_ids` returns as
-    `token_ids`), also with `echo`.
+What it wraps, in `vllm/entrypoints/openai/completion/serving.py`:
+
+- `OpenAIServingCompletion.create_completion`: a completion the mask path ended is an
+  HTTP 400 with its message; a stream starts only once its first event is no error;
+- `request_output_to_completion_response`: each choice's mask from its final output;
+- `completion_stream_generator`: each chunk the supports of exactly its tokens, and a
+  mask error as the stream's error event.
+
+The mask covers the generated tokens (`token_ids` with `return_token_ids`), also with
+`echo`; the body field reaches the engine through `completion_protocol`.
 Why: RL trainers that sample through the OpenAI API.
 """
 
@@ -34,10 +27,13 @@ def apply(module, release: Release) -> None:
 
     @wraps(module, "OpenAIServingCompletion.create_completion")
     async def create_completion(wrapped, self, args, kwargs):
+        # upstream answered `sampling_mask_error` with a 500 "Internal server error"
         return await create_with_masks(self, wrapped, args, kwargs, release)
 
     @wraps(module, "OpenAIServingCompletion.request_output_to_completion_response")
     def request_output_to_completion_response(wrapped, self, args, kwargs):
+        # `_full_response.fill_masks`, the three routes' one path; upstream numbers the
+        # choices over all prompts in order (`batch_finals`)
         finals = batch_finals(argument(wrapped, args, kwargs, "final_res_batch"))
         return fill_masks(wrapped(*args, **kwargs), finals,
                           argument(wrapped, args, kwargs, "request"))
@@ -47,7 +43,8 @@ def apply(module, release: Release) -> None:
         if not serving_mask_enabled(self):
             return wrapped(*args, **kwargs)
         request = argument(wrapped, args, kwargs, "request")
-        n = request.n or 1
+        n = request.n or 1   # a chunk's choice index: output.index + prompt index * n
+
         masks = StreamMasks.of(request, stride=n, indexed=True, choices=n * argument(
             wrapped, args, kwargs, "num_prompts"))
         args, kwargs = with_argument(wrapped, args, kwargs, "result_generator", masks.watch)

@@ -1,24 +1,14 @@
 """A refused request leaves one log line, not a traceback.
 
-What: on the API server's import (`vllm/entrypoints/openai/api_server.py`; on 0.32
-    `vllm/entrypoints/launchers/app.py`), adds a
-    `logging.Filter` to the loggers of the three routes' serving
-    modules (`vllm/entrypoints/openai/completion/serving.py`,
-    `.../chat_completion/serving.py`,
-    the generate route's, `release.module("generate_serving")`). A record
-    carrying an exception that is a client error (`release.client_error`:
-    `vllm.exceptions.VLLMClientError`, on 0.24 `VLLMValidationError`:
-    the input processor's checks, the mask's request checks) loses its traceback
-    and reads `Request refused in <where>: <Error> (<parameter>): <message>`
-    (`error_sentences.refusal_line`). Every other record, server errors included, is
-    left alone.
-Why: a refused *streamed* request reaches upstream's stream generators, whose
-    `except Exception: logger.exception("Error in completion stream generator.")`
-    logs a 29-line traceback for what the client gets as a clean HTTP 400 (the
-    route patches open the stream on its first event). Refusals are expected
-    traffic; a traceback says "bug".
-Upstream: `logger.exception(...)` in `completion_stream_generator`,
-    `chat_completion_stream_generator` and the generate route's stream generator.
+What it adds, on the API server's import (`openai/api_server.py`; on 0.32
+`launchers/app.py`):
+
+- a `logging.Filter` on the three routes' serving modules' loggers: a record carrying a
+  client error (`release.client_error`) loses its traceback and reads `Request refused
+  in <where>: <Error> (<parameter>): <message>`; every other record is left alone.
+
+Why: upstream's stream generators log a 29-line traceback for what the client gets as
+a clean HTTP 400; refusals are expected traffic, and a traceback says "bug".
 """
 
 from __future__ import annotations
@@ -40,8 +30,13 @@ class OneLineRefusals(logging.Filter):
         super().__init__()
         self.client_error = client_error   # the release's class of client errors
 
+    # A refused streamed request reaches upstream's `except Exception:
+    # logger.exception("Error in completion stream generator.")` (the route patches open
+    # the stream on its first event). Client errors: the input processor's checks, the
+    # mask's request checks.
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
+
         if isinstance(exc, self.client_error):
             where = str(record.getMessage()).rstrip(".").removeprefix("Error in ")
             record.msg, record.args = refusal_line(exc, where), ()

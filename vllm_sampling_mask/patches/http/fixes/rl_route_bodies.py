@@ -1,28 +1,14 @@
 """The RL routes' bad bodies and missing weight-transfer backend are HTTP 400s.
 
-What: on the import of vLLM's RL router module (the release's `rl_router` role:
-    `vllm/entrypoints/serve/dev/rlhf/api_router.py` up to 0.31,
-    `vllm/entrypoints/rl/online/api_router.py` from 0.32), replaces the endpoints of
-    its `/abort_requests` and weight-transfer routes (`/init_weight_transfer_engine`,
-    `/start_weight_update`, `/start_draft_weight_update`, `/update_weights`,
-    `/finish_weight_update`) in the module's router (before `build_app` includes it;
-    `abort_request_ids` does the same for the token-in/token-out abort routes).
-    Each new endpoint reads the body first (`rl_route_bodies.body_problem`): a
-    body that is not a JSON object, a `request_ids` that is neither a string nor a
-    list of strings, or a field the route's endpoint does not read on this release
-    is refused with the release's validation error naming the parameter (HTTP 400); a weight-transfer route on a server started
-    without `--weight-transfer-config` is refused the same way, naming it, before
-    any worker is called. Everything else goes to upstream's endpoint unchanged (it
-    reads the body again from the request's cache).
-Why: upstream's `/abort_requests` passed any `request_ids` to `AsyncLLM.abort`:
-    a number was an HTTP 500 ("'int' object is not iterable"), a body that is not
-    an object a 500 before 0.32 ("'list' object has no attribute 'get'");
-    without a backend every weight-transfer route reached the worker, which raised
-    "Weight transfer not configured" (an HTTP 500 with the worker's wrapped text,
-    a traceback in two processes); and `/start_weight_update {"bogus": 1}`
-    answered 200 (unknown fields were ignored).
-Upstream: none known; would file "RL routes answer bad request_ids and a missing
-    weight-transfer backend with 500, and ignore unknown body fields".
+What it replaces, on the import of vLLM's RL router module (the release's `rl_router`
+role), in its router before `build_app` includes it:
+
+- the endpoints of `/abort_requests` and the weight-transfer routes: a bad body, or a
+  weight-transfer route without `--weight-transfer-config`, is refused with the release's
+  validation error naming the parameter (HTTP 400); the rest goes to upstream's endpoint.
+
+`abort_request_ids` does the same for the token-in/token-out abort routes.
+Why: upstream answered these with HTTP 500s (or a 200 that ignored unknown fields).
 """
 
 from __future__ import annotations
@@ -53,15 +39,23 @@ def checked(original, path: str, release: Release):
     if getattr(original, _CHECKED, False):
         return original
 
+    # Upstream passed any `request_ids` to `AsyncLLM.abort` (a number: "'int' object is not
+    # iterable"; a body that is no object, before 0.32: "'list' object has no attribute
+    # 'get'"); without a backend every weight-transfer route reached the worker ("Weight
+    # transfer not configured", a traceback in two processes); `/start_weight_update
+    # {"bogus": 1}` answered 200.
     @functools.wraps(original)
     async def endpoint(*args, **kwargs):
         request = kwargs["raw_request"] if "raw_request" in kwargs else args[0]
+        # a body that is no JSON object, `request_ids` neither a string nor a list of
+        # strings, a field the route does not read on this release
         problem = body_problem(path, await request.body(), release)
         if problem is None and path in WEIGHT_TRANSFER_PATHS and _no_backend(request):
             problem = "weight_transfer_config", NO_BACKEND.format(path=path)
-        if problem is not None:
+        if problem is not None:   # before any worker is called
             raise _refusal(path, *problem)
-        return await original(*args, **kwargs)
+        return await original(*args, **kwargs)   # it reads the body again from the cache
+
 
     setattr(endpoint, _CHECKED, True)
     return endpoint

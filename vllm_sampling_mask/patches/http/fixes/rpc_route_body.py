@@ -1,18 +1,14 @@
 """`POST /collective_rpc` with a JSON body that is not an object is a 400 (0.24-0.31).
 
-What: on the import of the dev-mode RPC route's module
-    (`vllm/entrypoints/serve/dev/rpc/api_router.py`), replaces the endpoint of its
-    `/collective_rpc` route in the module's router (before `build_app` includes the
-    router, which registers each route's `endpoint`) by one that reads the body
-    first: a JSON array, string, number or null is answered with HTTP 400 "Request
-    body must be a JSON object"; anything else goes to upstream's endpoint unchanged
-    (it reads the body again from the request's cache).
-Why: upstream's endpoint calls `body.get("method")` on whatever JSON it parsed: a
-    body that is no object raised `AttributeError` ("'list' object has no attribute
-    'get'"), an HTTP 500 for the caller's malformed request. 0.32 checks it itself
-    (the same 400).
-Upstream: none known; fixed in 0.32.0 (its route answers "Request body must be a JSON
-    object").
+What it replaces, on the import of the dev-mode RPC route's module
+(`vllm/entrypoints/serve/dev/rpc/api_router.py`), before `build_app` includes its router:
+
+- the `/collective_rpc` endpoint: a JSON array, string, number or null is answered with
+  HTTP 400 "Request body must be a JSON object" (0.32's own answer); anything else goes
+  to upstream's endpoint unchanged.
+
+Why: upstream's endpoint called `body.get("method")` on whatever JSON it parsed: an
+HTTP 500 for the caller's malformed request.
 """
 
 from __future__ import annotations
@@ -41,6 +37,7 @@ def apply(module, release: Release) -> None:
             if not isinstance(body, dict):
                 raise HTTPException(status_code=400,
                                     detail="Request body must be a JSON object")
-            return await _original(raw_request)
+            return await _original(raw_request)   # it reads the body again from the cache
 
         route.endpoint = collective_rpc
+

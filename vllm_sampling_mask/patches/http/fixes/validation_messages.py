@@ -1,24 +1,16 @@
 """HTTP 400s for a request body the schema refuses: one sentence naming the parameter.
 
-What: in `vllm/entrypoints/openai/api_server.py` (0.27.1; imported there from
-    `vllm/entrypoints/serve/utils/server_utils.py`, `build_app` registers it) or
-    `vllm/entrypoints/serve/exception_handling/register.py` (0.32.0, where
-    `init_exception_handler` registers it), replaces the name
-    `validation_exception_handler` (FastAPI's `RequestValidationError` handler)
-    with a handler that calls upstream's and
-    rewrites its answer's `error.message` and `error.param` with
-    `error_sentences.describe(exc.errors())`: e.g. `return_sampling_mask must be true,
-    false or null, not 'yes'.` with param `return_sampling_mask`, and, for a body
-    that is no JSON, `The request body is not valid JSON (...)` with param
-    `body`. Status, type and code stay upstream's (400); the refusal logs one
-    line (`Request refused in <path>: the body (<param>): <message>`). Whether a top-level
-    field also takes null is read from the route's declared body model.
-Why: upstream's message is `"1 validation error:\n  {'type': 'bool_type', ...}"`
-    (Python reprs of pydantic's error dicts) and its `param` for malformed JSON
-    is a character offset (`body.62`): nothing a person reads at a glance. The
-    three routes (`/inference/v1/generate`, `/v1/completions`,
-    `/v1/chat/completions`) share this handler.
-Upstream: `validation_exception_handler` in vllm/entrypoints/serve/utils/server_utils.py.
+What it replaces, in the module that registers FastAPI's `RequestValidationError`
+handler (the release's: `openai/api_server.py` on 0.27.1, `serve/exception_handling/
+register.py` on 0.32.0):
+
+- `validation_exception_handler`: upstream's, its answer's `error.message` and
+  `error.param` reworded by `error_sentences.describe` (e.g. `return_sampling_mask must
+  be true, false or null, not 'yes'.`); status, type and code stay upstream's.
+
+The three routes share this handler.
+Why: upstream's message is Python reprs of pydantic's error dicts, and its `param` for
+malformed JSON a character offset (`body.62`).
 """
 
 from __future__ import annotations
@@ -67,8 +59,11 @@ def apply(module, release: Release) -> None:
     async def validation_exception_handler(request, exc):
         response = await original(request, exc)
         try:
+            # whether a top-level field also takes null: from the route's declared body
+            # model; a body that is no JSON gets param `body`
             model = body_model(request)
             param, message = describe(exc.errors(), lambda loc: takes_null(model, loc))
+
             body = json.loads(response.body)
             body["error"]["message"] = message
             body["error"]["param"] = param

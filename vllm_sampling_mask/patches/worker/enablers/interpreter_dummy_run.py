@@ -1,12 +1,13 @@
 """Keep MRv2's memory-profiling sampler run finite under Triton's interpreter.
 
-What: under TRITON_INTERPRET=1, wraps `GPUModelRunner._dummy_sampler_run`
-    (vllm/v1/worker/gpu/model_runner.py) to replace non-finite values in the
-    dummy hidden states with zeros before upstream computes logits and samples.
-Why: the profiling run feeds the model uninitialised buffers; on a GPU the
-    resulting NaN logits pass through the Gumbel kernel harmlessly, but the
-    interpreter's `tl.max(..., return_indices=True)` raises "All-NaN slice
-    encountered", so engine start-up failed at random on CPU hosts.
+What it wraps, in vllm/v1/worker/gpu/model_runner.py, only under TRITON_INTERPRET=1:
+
+- `GPUModelRunner._dummy_sampler_run`: non-finite values of the dummy hidden states
+  become zeros before upstream computes logits and samples.
+
+Why: the profiling run feeds uninitialised buffers, and the interpreter's
+`tl.max(..., return_indices=True)` raises "All-NaN slice encountered" (a GPU passes the
+NaN logits harmlessly): engine start-up failed at random on CPU hosts.
 """
 
 from vllm_sampling_mask.config import triton_interpreter_on

@@ -1,10 +1,12 @@
 """Give the Gumbel sampling kernel a `log1p` that Triton's interpreter runs.
 
-What: under TRITON_INTERPRET=1, replaces the `tldevice` name inside
-    `vllm.v1.worker.gpu.sample.gumbel` with a namespace whose `log1p` is a
-    small `@triton.jit` function from `vllm_sampling_mask.worker.triton_shims`.
-Why: the interpreter patches `triton.language` but not libdevice, whose
-    Python stubs return None, so `_gumbel_sample_kernel` fails interpreted.
+What it replaces, in `vllm.v1.worker.gpu.sample.gumbel`, only under TRITON_INTERPRET=1:
+
+- the name `tldevice`, with a namespace whose `log1p` is a small `@triton.jit` function
+  (`worker.triton_shims`).
+
+Why: the interpreter patches `triton.language` but not libdevice, whose Python stubs
+return None: `_gumbel_sample_kernel` failed interpreted.
 """
 
 import types

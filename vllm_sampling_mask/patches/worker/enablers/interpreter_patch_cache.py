@@ -1,15 +1,13 @@
 """Patch `triton.language` once per interpreted kernel launch, not once per call.
 
-What: wraps `triton.runtime.interpreter._patch_lang` (Triton 3.9): while a
-    kernel launch has the language patched, a nested `@triton.jit` device
-    function whose language modules are already patched skips re-patching
-    (which walks every member of `triton.language` with `inspect.getmembers`).
-    The launch's own patch scope is unchanged and still restored on exit.
-    Only under TRITON_INTERPRET=1.
-Why: MRv2's Gumbel sampler calls nested device functions (`tl.rand`, Philox,
-    `gumbel_block_argmax`) per program; re-patching on each call made
-    interpreted sampling about 10x slower than the work itself, which is the
-    difference between a usable and an unusable CPU test suite.
+What it wraps, only under TRITON_INTERPRET=1:
+
+- `triton.runtime.interpreter._patch_lang` (Triton 3.9): a nested `@triton.jit` call
+  whose language modules the running launch already patched skips re-patching; the
+  launch's own scope is unchanged and still restored on exit.
+
+Why: re-patching on each nested call made interpreted sampling about 10x slower than
+the work itself.
 """
 
 from __future__ import annotations
@@ -38,8 +36,12 @@ def apply(module, release: Release) -> None:
         return {id(v) for v in fn.__globals__.values()
                 if inspect.ismodule(v) and v in (tl, tl.core)}
 
+    # Re-patching walks every member of `triton.language` with `inspect.getmembers`, and
+    # MRv2's Gumbel sampler calls nested device functions (`tl.rand`, Philox,
+    # `gumbel_block_argmax`) per program.
     @wraps(module, "_patch_lang")
     def _patch_lang(original, instance, args, kwargs):
+
         fn = argument(original, args, kwargs, "fn")
         patched = state["patched"]
         langs = langs_of(fn)

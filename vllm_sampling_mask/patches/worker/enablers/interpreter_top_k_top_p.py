@@ -1,29 +1,14 @@
 """Run vLLM's Triton top-k/top-p kernel under Triton's interpreter.
 
-What: under TRITON_INTERPRET=1, wraps `triton.runtime.interpreter._patch_lang_core`
-    (Triton 3.9; 3.6 on vLLM 0.24) so that, inside every interpreted kernel (not only this
-    one), `tl.range` yields scalar Triton integer tensors instead of Python
-    ints, as compiled Triton does (so its integer arithmetic wraps as on a GPU). Their dtype is the one
-    compiled Triton gives the loop variable: start, end and step promoted
-    together (int32 for int32 bounds). The values are those of Python's
-    `range`. `tl.static_range` and the builtin `range` keep yielding ints
-    (compiled Triton makes a `static_range` variable a constexpr). The patch
-    goes away with the launch's language patch, as the interpreter's own does.
-    Second seam: unless VLLM_SAMPLING_MASK_TRITON_TOPK=1, wraps
-    `apply_top_k_top_p` (vllm/v1/sample/ops/topk_topp_sampler.py) so that CPU
-    tensors with a top-k or top-p go to upstream's PyTorch path
-    (`apply_top_k_top_p_pytorch`, host syncs allowed) instead of the Triton
-    kernel, which HAS_TRITON (interpreter_has_triton) would otherwise pick for
-    every batch size on a CPU host; with the variable set, the kernel runs
-    interpreted (tests/llm/test_engine_mrv2_topk_kernel.py).
-Why: compiled Triton makes a `tl.range` loop variable a tensor, but the
-    interpreter turns `tl.range` into Python's `range`. `_topk_topp_kernel` in
-    `vllm.v1.sample.ops.topk_topp_triton` calls `row_id.to(tl.int64)` on its
-    `tl.range` variable, so interpreted it failed with "'int' object has no
-    attribute 'to'". With HAS_TRITON true (interpreter_has_triton), vLLM's CPU
-    path would use that kernel for every batch size. This patch makes it run,
-    so a test can check masks against what the GPU kernel keeps, while the
-    other CPU tests keep the CPU host's own top-k/top-p.
+What it wraps, under TRITON_INTERPRET=1:
+
+- `triton.runtime.interpreter._patch_lang_core`: inside every interpreted kernel,
+  `tl.range` yields scalar Triton integer tensors, as compiled Triton does;
+- `apply_top_k_top_p` (vllm/v1/sample/ops/topk_topp_sampler.py), unless
+  VLLM_SAMPLING_MASK_TRITON_TOPK=1: CPU tensors go to upstream's PyTorch path.
+
+Why: interpreted, `_topk_topp_kernel` failed ("'int' object has no attribute 'to'");
+this makes it run, so a test can check masks against what the GPU kernel keeps.
 """
 
 from __future__ import annotations
@@ -38,6 +23,7 @@ _applied = False  # wrapped once per process, whatever calls apply()
 
 def _loop_type(bounds, tl, semantic):
     """The dtype compiled Triton gives a loop variable over these bounds."""
+    # start, end and step promoted together (int32 for int32 bounds)
     ty = None
     for bound in bounds:
         if isinstance(bound, tl.constexpr):
@@ -55,6 +41,9 @@ def _make_tensor_range(interpreter):
     semantic = interpreter.interpreter_semantic
     handle = interpreter.TensorHandle
 
+    # The values are those of Python's `range`, as tensors, so integer arithmetic wraps
+    # as on a GPU. `tl.static_range` and the builtin `range` keep yielding ints
+    # (compiled Triton makes a `static_range` variable a constexpr).
     def tensor_range(arg1, arg2=None, step=None, **_options):
         start, end = (0, arg1) if arg2 is None else (arg1, arg2)
         step = 1 if step is None else step
@@ -74,6 +63,10 @@ def apply(module, release: Release) -> None:
 
     from vllm_sampling_mask.patches._wrap import argument, wraps
 
+    # HAS_TRITON (interpreter_has_triton) would otherwise pick the Triton kernel for every
+    # batch size on a CPU host: the other CPU tests keep the host's own top-k/top-p (host
+    # syncs allowed); with the variable set, the kernel runs interpreted
+    # (tests/llm/test_engine_mrv2_topk_kernel.py).
     if not interpreted_triton_top_k():
         @wraps(module, "apply_top_k_top_p")
         def apply_top_k_top_p(wrapped, instance, args, kwargs):
@@ -85,8 +78,12 @@ def apply(module, release: Release) -> None:
 
     tensor_range = _make_tensor_range(interpreter)
 
+    # The interpreter turns `tl.range` into Python's `range`, and `_topk_topp_kernel`
+    # (vllm.v1.sample.ops.topk_topp_triton) calls `row_id.to(tl.int64)` on its variable.
+    # Every interpreted kernel gets this, not only that one (Triton 3.9; 3.6 on vLLM 0.24).
     @wraps(interpreter, "_patch_lang_core")
     def _patch_lang_core(original, instance, args, kwargs):
+
         result = original(*args, **kwargs)
         lang, scope = (argument(original, args, kwargs, name) for name in ("lang", "scope"))
         scope.set_attr(lang, "range", tensor_range)  # restored with the launch's scope

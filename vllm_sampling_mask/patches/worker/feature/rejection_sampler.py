@@ -1,26 +1,15 @@
 """Extract the sampling mask of a verify step in Model Runner V2's rejection sampler.
 
-What: wraps `RejectionSampler.__call__` in
-    `vllm/v1/worker/gpu/spec_decode/rejection_sampler.py`. Inside the step the
-    runner adapter opened and planned (`runner`: a request-level plan, made in
-    `GPUModelRunner.sample` from the input batch), a verify step's batch is, per
-    request, its draft positions and the bonus position, back to back
-    (`input_batch.cu_num_logits_np`, host). The adapter takes the step's plan
-    per position (`MaskStep.planned` with `request_rows`) and declares that the
-    step takes its processed logits in one part, every row, from the sampler's
-    `apply_sampling_params` (`MaskStep.in_parts`): Model Runner V2 processes
-    every position, bonus included, with it (logits processors, temperature,
-    min-p, top-k/top-p), in chunks of requests when a step's logits are large;
-    the `sampler` patch's wrapper of that method hands each chunk to the step,
-    with the capture of its rows that asked for support logprobs. Once the call
-    returned, the step puts the chunks in logit-row order and extracts once
-    (`MaskStep.extract_parts`); the runner adapter copies it as for a plain
-    step. Every emitted token (accepted draft, recovered, bonus) lies in its
-    position's processed target distribution (docs/sampling_mask.md,
-    "Speculative decoding"); positions after a rejection emit nothing and
-    decode as count 0.
-Why: under speculative decoding the rejection sampler, not `Sampler.sample`,
-    decides a step's tokens.
+What it wraps, in `vllm/v1/worker/gpu/spec_decode/rejection_sampler.py`:
+
+- `RejectionSampler.__call__`: plans the open step per position, takes the processed
+  logits of every position from the sampler (`sampler`'s `apply_sampling_params`), and
+  extracts once the call returned.
+
+Every emitted token (accepted draft, recovered, bonus) lies in its position's processed
+target distribution (docs/sampling_mask.md, "Speculative decoding").
+Why: under speculative decoding the rejection sampler, not `Sampler.sample`, decides a
+step's tokens.
 """
 
 from __future__ import annotations
@@ -44,9 +33,17 @@ def apply(module, release: Release) -> None:
             return wrapped(*args, **kwargs)
         logits = argument(wrapped, args, kwargs, "logits")
         input_batch = argument(wrapped, args, kwargs, "input_batch")
+        # per request, its draft positions and the bonus position, back to back (host);
+        # the runner adapter made a request-level plan in `GPUModelRunner.sample`
         request_rows = np.diff(np.asarray(input_batch.cu_num_logits_np, dtype=np.int64))
         plan = step.planned(HOP, logits.shape[0], normalise=True, request_rows=request_rows)
+        # one part, every row: MRv2 processes every position, bonus included, with the
+        # sampler's `apply_sampling_params`, in chunks of requests when a step's logits
+        # are large; the `sampler` patch hands each chunk to the step, with its capture
         step.in_parts(HOP, {PROCESSING: np.arange(plan.batch_rows)})
         output = wrapped(*args, **kwargs)
+        # the chunks in logit-row order, extracted once; positions after a rejection emit
+        # nothing and decode as count 0; the runner adapter copies it as for a plain step
         step.extract_parts(HOP)
+
         return output

@@ -1,30 +1,15 @@
 """A CPU host's engine takes new weights through `model.load_weights` after it loaded.
 
-What: on a CPU host, wraps `Worker.load_model` (vllm/v1/worker/gpu_worker.py; the CPU
-    worker inherits it) so that the loaded model's own `load_weights`, called again
-    later by a trainer that holds the engine in its process (TRL's colocate mode calls
-    `llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(
-    [(name, tensor)])` once per parameter), runs as vLLM's layerwise reload: the first
-    such call starts it (`initialize_layerwise_reload`: each layer back to its
-    checkpoint-format parameters, with their weight loaders), every call loads its
-    tensors (a layer is processed for its CPU kernel as soon as all its weights are
-    in), and `Worker.execute_model` (also wrapped) finishes it before the next forward
-    pass (`finalize_layerwise_reload`, then the tied LM head's GEMM rebuilt as
-    `cpu_reload_tied_lm_head` does after `reload_weights`). Calls made inside a reload
-    that is already under way (`reload_weights` itself) go straight through. Applies
-    with the mask flag on or off; CUDA is left alone.
-Why: after loading, the CPU linear method replaces each linear layer's `weight` by an
-    empty `Parameter` (`dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`: the
-    values live on in a oneDNN handle or an SGL packed copy), so the stacked loaders
-    fail with `AttributeError: 'Parameter' object has no attribute 'weight_loader'`,
-    the others with `AssertionError: Attempted to load weight (torch.Size([128, 384]))
-    into parameter (torch.Size([0]))` (demo model, 0.31 and 0.32), and a weight
-    written into the layer would not reach its kernel anyway. vLLM's own
-    `reload_weights` goes through the layerwise reload, which restores and repacks;
-    a direct `load_weights` does not.
-Upstream: none known; would file "CPU: model.load_weights after load fails with
-    'Parameter' object has no attribute 'weight_loader' (the CPU GEMM dispatch removes
-    the weight); colocated trainers (TRL) cannot sync weights".
+What it wraps, in vllm/v1/worker/gpu_worker.py (the CPU worker inherits it), on a CPU
+host only, with the mask flag on or off:
+
+- `Worker.load_model`: the loaded model's own `load_weights`, called later by a trainer
+  that holds the engine in its process (TRL's colocate mode), runs as vLLM's layerwise
+  reload;
+- `Worker.execute_model`: finishes that reload before the next forward pass.
+
+Why: the CPU linear method empties each layer's `weight` after loading, so a direct
+`load_weights` failed (and would not have reached the layer's kernel anyway).
 """
 
 from __future__ import annotations
@@ -46,6 +31,11 @@ def install(worker) -> None:
     model = worker.model_runner.get_model()
     original = model.load_weights
 
+    # TRL calls `...driver_worker.model_runner.model.load_weights([(name, tensor)])` once
+    # per parameter. The first call starts the reload (each layer back to its
+    # checkpoint-format parameters, with their weight loaders); each call loads its
+    # tensors (a layer is processed for its CPU kernel once all its weights are in);
+    # calls inside a reload already under way (`reload_weights` itself) go straight on.
     def load_weights(weights, *args, **kwargs):
         with set_current_vllm_config(worker.vllm_config):
             if not get_layerwise_info(model).can_load():   # no reload under way: start one
@@ -72,6 +62,8 @@ def finish(worker) -> None:
         tied_embedding_layers,
     )
 
+    # then the tied LM head's GEMM rebuilt, as `cpu_reload_tied_lm_head` does after
+    # `reload_weights`
     with set_current_vllm_config(worker.vllm_config):
         finalize_layerwise_reload(model, worker.vllm_config.model_config)
         for layer in tied_embedding_layers(model, UnquantizedEmbeddingMethod):
@@ -85,8 +77,14 @@ def apply(module, release: Release) -> None:
         result = wrapped(*args, **kwargs)
         from vllm.platforms import current_platform
 
-        if current_platform.is_cpu():
+        # `dispatch_cpu_unquantized_gemm(layer, remove_weight=True)` leaves an empty
+        # `Parameter` (the values live in a oneDNN handle or an SGL packed copy): the
+        # stacked loaders failed with "no attribute 'weight_loader'", the others with
+        # "Attempted to load weight ... into parameter (torch.Size([0]))". vLLM's own
+        # `reload_weights` goes through the layerwise reload, which restores and repacks.
+        if current_platform.is_cpu():   # CUDA is left alone
             install(self)
+
         return result
 
     @wraps(module, "Worker.execute_model")

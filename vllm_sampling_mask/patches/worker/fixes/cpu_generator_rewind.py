@@ -1,20 +1,14 @@
 """Rewind CPU generators of seeded requests whose sampled token is discarded.
 
-What: wraps, in `vllm/v1/worker/gpu_model_runner.py` (the V1 runner, which CPU
-    hosts run), `GPUModelRunner._sample` to save the state of each CPU
-    `torch.Generator` of a row whose sample will be discarded (a partial
-    prefill chunk) and restore it afterwards, and
-    `GPUModelRunner._bookkeeping_sync` to hide exactly those generators from
-    upstream's own rewind, which calls `Generator.set_offset`.
-Why: upstream rewinds a discarded row's generator by its Philox offset, which
-    CUDA generators have and CPU generators do not: on a CPU host every seeded
-    request whose prompt is chunked raised "CPU Generator does not use offset"
-    in the worker and took the engine down. Restoring the saved state is the
-    same rewind for a CPU generator: the seeded stream does not see the
-    discarded draw, exactly as on CUDA.
-Upstream: no issue or PR known; would file "V1 runner on CPU: seeded request with
-    a chunked prompt raises 'CPU Generator does not use offset' in
-    _bookkeeping_sync".
+What it wraps, in `vllm/v1/worker/gpu_model_runner.py` (the V1 runner CPU hosts run):
+
+- `GPUModelRunner._sample`: saves and restores the state of each CPU generator of a row
+  whose sample is discarded (a partial prefill chunk);
+- `GPUModelRunner._bookkeeping_sync`: hides exactly those generators from upstream's
+  rewind.
+
+Why: upstream rewinds with `Generator.set_offset`, which CPU generators lack: a seeded
+request with a chunked prompt took the engine down.
 """
 
 from __future__ import annotations
@@ -36,6 +30,8 @@ def _discarded_cpu_generators(runner) -> dict[int, object]:
 def apply(module, release: Release) -> None:
     @wraps(module, "GPUModelRunner._sample")
     def _sample(wrapped, self, args, kwargs):
+        # the same rewind as CUDA's Philox offset: the seeded stream does not see the
+        # discarded draw
         saved = {i: g.get_state() for i, g in _discarded_cpu_generators(self).items()}
         try:
             return wrapped(*args, **kwargs)
@@ -45,7 +41,8 @@ def apply(module, release: Release) -> None:
 
     @wraps(module, "GPUModelRunner._bookkeeping_sync")
     def _bookkeeping_sync(wrapped, self, args, kwargs):
-        hidden = _discarded_cpu_generators(self)
+        hidden = _discarded_cpu_generators(self)   # "CPU Generator does not use offset"
+
         generators = self.input_batch.generators
         for i in hidden:
             del generators[i]

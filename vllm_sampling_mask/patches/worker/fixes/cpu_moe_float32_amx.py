@@ -1,20 +1,13 @@
 """A float32 MoE model loads on a CPU with AMX, as it does on one without.
 
-What: wraps `CPUFusedMOE.check_grouped_gemm`
-    (vllm/model_executor/layers/fused_moe/cpu_fused_moe.py), which picks the CPU
-    fused-MoE kernel when a MoE layer's weights are loaded. For weights that are
-    not bfloat16 on a CPU with AMX tiles, it runs upstream's own decision with
-    `torch.cpu._is_amx_tile_supported` answering False for the duration of the
-    call, so the layer gets the kernel a CPU without AMX picks for that dtype
-    (the vectorised grouped GEMM, or the per-expert loop). bfloat16 weights, and
-    CPUs without AMX, go to upstream unchanged. Applies with the mask flag on or off.
-Why: upstream's AMX branch accepts only bfloat16 and raises for every other
-    dtype, with a message about the intermediate size not being a multiple of 32
-    (even when it is: 128): a float32 MoE model (the dtype exact masks are checked
-    in) cannot start on an AMX CPU, though the non-AMX kernels serve it.
-Upstream issue: none known; would file "float32 MoE refused on AMX CPUs with a
-    misleading alignment error (CPUFusedMOE.check_grouped_gemm raises for any
-    non-bfloat16 dtype when AMX is present)".
+What it wraps, in vllm/model_executor/layers/fused_moe/cpu_fused_moe.py, with the mask
+flag on or off:
+
+- `CPUFusedMOE.check_grouped_gemm`: weights other than bfloat16 on an AMX CPU get the
+  kernel a CPU without AMX picks; bfloat16, and CPUs without AMX, are upstream's.
+
+Why: upstream's AMX branch raised for every non-bfloat16 dtype (with a misleading
+alignment message), so a float32 MoE model could not start on an AMX CPU.
 """
 
 from __future__ import annotations
@@ -43,5 +36,8 @@ def apply(module, release: Release) -> None:
         layer = argument(wrapped, args, kwargs, "layer")
         if layer.w13_weight.dtype == torch.bfloat16 or not torch.cpu._is_amx_tile_supported():
             return wrapped(*args, **kwargs)
+        # upstream's own decision with `torch.cpu._is_amx_tile_supported` answering False
+        # for the call: the vectorised grouped GEMM, or the per-expert loop
         with _without_amx(torch.cpu):
             return wrapped(*args, **kwargs)
+

@@ -1,27 +1,13 @@
 """A CPU host's LM head follows a weight reload when it is tied to the embedding.
 
-What: wraps `Worker.reload_weights` (vllm/v1/worker/gpu_worker.py; the CPU worker
-    inherits it; both runners reach it through `collective_rpc("reload_weights")`):
-    after upstream's reload, on a CPU host, every layer of the model whose
-    quantization method is the unquantized embedding method and whose weight is
-    the same tensor as another layer's (an LM head tied to the input embedding)
-    gets that method's `process_weights_after_loading` again, which rebuilds its
-    CPU GEMM (`layer.cpu_linear`) from the reloaded weight. Applies with the mask
-    flag on or off.
-Why: on a CPU host the unquantized embedding method prepacks the LM head's weight
-    for its GEMM when the model loads (`dispatch_cpu_unquantized_gemm`: a oneDNN
-    handle or an SGL packed copy, outside the parameter). A tied LM head loads no
-    weight of its own in `reload_weights` (the checkpoint has none), so the
-    layerwise reload puts its kernel tensor back without processing it: the tied
-    parameter holds the new values, but its GEMM goes on multiplying by the old
-    ones. Every token after a reload was sampled from logits of the new model's
-    body times the old embedding (its mask too: the mask is the sampler's), not
-    from the new weights (found by tests/server/test_weight_update.py on the demo model,
-    whose `tie_word_embeddings` is true). CUDA's LM head multiplies by
-    `layer.weight` itself, so it follows.
-Upstream: none known; would file "CPU: reload_weights leaves a tied LM head's
-    prepacked GEMM on the old weights (dispatch_cpu_unquantized_gemm is not re-run
-    for a layer that loads no weight)".
+What it wraps: `Worker.reload_weights` (vllm/v1/worker/gpu_worker.py; the CPU worker
+inherits it), on a CPU host, with the mask flag on or off:
+
+- after upstream's reload, re-runs `process_weights_after_loading` on every unquantized
+  embedding layer whose weight is shared (a tied LM head), rebuilding its CPU GEMM.
+
+Why: a tied LM head's prepacked GEMM stayed on the old weights after a reload, so every
+later token (and its mask) was sampled from the old embedding.
 """
 
 from __future__ import annotations
@@ -50,8 +36,15 @@ def apply(module, release: Release) -> None:
             UnquantizedEmbeddingMethod)
         from vllm.platforms import current_platform
 
+        # The unquantized embedding method prepacks the LM head's weight when the model
+        # loads (`dispatch_cpu_unquantized_gemm`: a oneDNN handle or an SGL packed copy,
+        # outside the parameter). A tied head loads no weight of its own in a reload, so
+        # the layerwise reload puts its tensor back unprocessed: the parameter holds the
+        # new values, the GEMM the old (found by tests/server/test_weight_update.py).
+        # CUDA's LM head multiplies by `layer.weight` itself, so it follows.
         if current_platform.is_cpu():
             for layer in tied_embedding_layers(self.model_runner.get_model(),
+
                                                UnquantizedEmbeddingMethod):
                 layer.quant_method.process_weights_after_loading(layer)
         return result

@@ -1,39 +1,16 @@
 """A weight reload that fails leaves the engine serving the weights it had.
 
-What: wraps `Worker.reload_weights` (vllm/v1/worker/gpu_worker.py; the CPU worker
-    inherits it; `collective_rpc("reload_weights", kwargs={"weights_path": ...})` from
-    the HTTP route, `LLM` and `AsyncLLM` reaches it), around `cpu_reload_tied_lm_head`:
-    1. refuses arguments that do not fit the runner's `(weights_iterator,
-       weights_path, is_checkpoint_format)` (an unknown name, too many, a string as
-       the iterator, a flag that is no boolean); with a `weights_path` (and no
-       weights iterator), checks the checkpoint before
-       touching anything (`weights_check`): the path exists and is a local directory,
-       each `.safetensors` header parses and the file holds the bytes it declares,
-       its `config.json` (if any) names the served architecture, and its tensors'
-       names, shapes and dtypes are those of the checkpoint the engine serves (the
-       one it loaded or last reloaded; read from headers, remembered after each
-       reload). A problem raises `WeightsRefusedError` (HTTP 400 through
-       `collective_rpc_refusals`), nothing loaded;
-    2. snapshots the model: every module's attributes, parameter / buffer / submodule
-       tables (so the CPU GEMMs packed from the old weights, `layer.cpu_linear`, are
-       kept), a copy of every parameter and buffer's values (in host memory), and
-       the model config's fields (upstream points `model_config.model` at the new
-       path before it loads);
-    3. runs the reload; on any exception puts all of that back (the layerwise
-       reload's per-layer state reset, so the next reload starts clean) and raises
-       `WeightsRestoredError` naming the cause.
-    Test hook: with `VLLM_SAMPLING_MASK_TEST_RELOAD_FAULT=DIR`, a reload from `DIR`
-    fails after half of its tensors have been handed to the model (a checkpoint that
-    passes the checks and fails in loading, made on purpose).
-Why: upstream's layerwise reload first moves every layer to the meta device, then
-    loads it back tensor by tensor; an exception part-way (a truncated file:
-    "incomplete metadata") leaves layers on the meta device, the next forward pass
-    kills the engine ("attempted to run this operator with Meta tensors"), and the
-    server with it. A path that does not exist was taken for a Hugging Face repo id
-    and retried against the hub before a 500.
-Upstream: none known; would file "reload_weights: an exception part-way leaves
-    layers on the meta device (the engine dies on the next step); no validation of
-    weights_path before the model is torn down".
+What it wraps: `Worker.reload_weights` (vllm/v1/worker/gpu_worker.py; the CPU worker
+inherits it; `collective_rpc("reload_weights", ...)` from the HTTP route, `LLM` and
+`AsyncLLM` reaches it), around `cpu_reload_tied_lm_head`:
+
+- refuses bad arguments and a checkpoint that does not match the served one
+  (`WeightsRefusedError`, HTTP 400), nothing loaded;
+- snapshots the model, runs the reload, and on any exception puts the snapshot back
+  (`WeightsRestoredError` naming the cause).
+
+Why: a reload that fails part-way leaves layers on the meta device and the next forward
+pass kills the engine.
 """
 
 from __future__ import annotations
@@ -78,6 +55,10 @@ def check(worker, path) -> dict:
 class Snapshot:
     """What a reload changes in the worker's model, taken before it starts."""
 
+    # Every module's attributes and parameter / buffer / submodule tables (so the CPU
+    # GEMMs packed from the old weights, `layer.cpu_linear`, are kept), a host copy of
+    # every parameter and buffer, and the model config's fields (upstream points
+    # `model_config.model` at the new path before it loads).
     def __init__(self, model, model_config) -> None:
         self.modules = [(m, dict(vars(m)), dict(m._parameters), dict(m._buffers),
                          dict(m._modules), set(m._non_persistent_buffers_set))
@@ -163,8 +144,17 @@ def injected_fault(model, path):
 
 
 def apply(module, release: Release) -> None:
+    # Upstream's layerwise reload moves every layer to the meta device, then loads it
+    # back tensor by tensor: an exception part-way (a truncated file) leaves layers there
+    # ("attempted to run this operator with Meta tensors" on the next step); a path that
+    # does not exist was taken for a hub repo id and retried before a 500.
     @wraps(module, "Worker.reload_weights")
     def reload_weights(wrapped, self, args, kwargs):
+        # arguments that do not fit the runner's (weights_iterator, weights_path,
+        # is_checkpoint_format) are refused; a `weights_path` (no iterator) is checked
+        # before anything is touched (`weights_check`: a local directory, headers that
+        # parse and bytes that are there, config.json's architecture, the tensors'
+        # names, shapes and dtypes those of the served checkpoint)
         named = reload_arguments(args, kwargs)
         path = named.get("weights_path")
         from_disk = named.get("weights_iterator") is None
@@ -178,6 +168,7 @@ def apply(module, release: Release) -> None:
         except Exception as exc:
             saved.restore()
             raise WeightsRestoredError(exc) from exc
-        if found is not None:
+        if found is not None:   # the next reload compares with this one
             setattr(self, _SERVED, found)
+
         return result
