@@ -1,10 +1,12 @@
 """Refuses, at engine start, a model runner that no adapter extracts masks from.
 
-What: wraps `Worker.load_model` in `vllm/v1/worker/gpu_worker.py` (the CPU worker
-    inherits it): with the flag on, `worker.coverage.refuse_uncovered` checks the runner
-    that `init_device` built, before the model is loaded.
+What it wraps, in `vllm/v1/worker/gpu_worker.py` (the CPU worker inherits it):
+
+- `Worker.load_model`: with the flag on, `worker.coverage.refuse_uncovered` checks the
+  runner `init_device` built, before the model is loaded.
+
 Why: on 0.34 a CPU host without Triton (non-x86) runs `StandaloneCPUModelRunner` with
-    its own `CPUSampler`, which no patch wraps; its tokens would come back without masks.
+its own `CPUSampler`, which no patch wraps; its tokens would come back without masks.
 """
 
 from __future__ import annotations
