@@ -72,21 +72,20 @@ def extract_support(processed_logits: torch.Tensor, layout: MaskLayout,
     block = torch.empty(HEADER + layout.numel, dtype=torch.int32, device=device)
     # The header's first entry is the kernel's slot counter; the block proper
     # starts after it, 16-byte aligned.
-    if implementation == "triton":
+    if implementation in ("triton", "torch"):
         source = None if rows is None else host_index(rows, device, np.int32)
-        kernels.write_block(processed_logits, source, block, layout,
-                                settings.kernel_chunk)
+    if implementation == "triton":
+        kernels.write_block(processed_logits, source, block, layout, settings.kernel_chunk)
     elif implementation == "host":
         if not host_readable(processed_logits):
             raise ValueError("extract_support: the host path reads float CPU tensors "
                              f"numpy can view, not {processed_logits.dtype} on "
                              f"{processed_logits.device}")
-        host.write_block(processed_logits.detach().numpy(), rows,
-                      block[HEADER:].numpy(), layout)
+        host.write_block(processed_logits.detach().numpy(), rows, block[HEADER:].numpy(),
+                         layout)
     elif implementation == "torch":
-        source = None if rows is None else host_index(rows, device, np.int32)
         torch_path.write_block(processed_logits, source, block[HEADER:], layout,
-                       settings.chunk_elements)
+                               settings.chunk_elements)
     else:
         raise ValueError(f"extract_support: no implementation {implementation!r} "
                          "(triton, host or torch)")
@@ -122,8 +121,8 @@ def plan_step(top_k: np.ndarray, wanted: np.ndarray, vocab_size: int, *, max_siz
 def extract_selected(processed_logits: torch.Tensor, top_k: np.ndarray,
                      wanted: np.ndarray, *, max_size: int, worst_case: bool = False,
                      settings: ExtractionSettings = DEFAULT_SETTINGS) -> DeviceMask:
-    """The sampler's entry: extract the batch rows that want a mask (`wanted`,
-    a host bool per row), laid out from their host-side `top_k`. The
+    """Tests' and benchmarks' entry: extract the batch rows that want a mask
+    (`wanted`, a host bool per row), laid out from their host-side `top_k`. The
     memory-profiling run (`worst_case`) extracts every row at the widest."""
     layout, rows = plan_step(top_k, wanted, processed_logits.shape[1], max_size=max_size,
                              worst_case=worst_case, settings=settings)

@@ -38,7 +38,7 @@ def host_readable(logits: torch.Tensor) -> bool:
 
 
 def write_block(x: np.ndarray, rows: np.ndarray | None, block: np.ndarray,
-                  layout: MaskLayout) -> None:
+                layout: MaskLayout) -> None:
     """The block of `layout` (the one `torch_path.write_block` writes), written with
     numpy (`x`: the logits, `block`: the block proper, both host arrays)."""
     meta, ids, bits = layout.views(block)

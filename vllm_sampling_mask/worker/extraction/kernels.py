@@ -182,7 +182,7 @@ def _launches(logits: torch.Tensor, rows: torch.Tensor | None, block: torch.Tens
 
 
 def write_block(logits: torch.Tensor, rows: torch.Tensor | None, block: torch.Tensor,
-                    layout: MaskLayout, chunk: int) -> None:
+                layout: MaskLayout, chunk: int) -> None:
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     if layout.rows == 0:

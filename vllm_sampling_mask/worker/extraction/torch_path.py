@@ -42,9 +42,8 @@ def _kept_indices(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return flat
 
 
-
 def write_block(logits: torch.Tensor, rows: torch.Tensor | None, block: torch.Tensor,
-                   layout: MaskLayout, chunk_elements: int) -> None:
+                layout: MaskLayout, chunk_elements: int) -> None:
     meta, ids, bits = layout.views(block[: layout.numel])
     ids.fill_(-1)
     meta[:, 1] = NOT_WIDE
