@@ -21,6 +21,7 @@ each with the line it replaces); none touches the integration.
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import sys
 import tempfile
@@ -67,7 +68,7 @@ def test_two_steps_run_with_the_weight_sync_between(runs):
             # weights the sync sent to the engine are no longer the pretrained ones
             assert s["actor_lr"] > 0 and s["weights_change"] > 0, (name, s)
             assert s["timing/broadcast"] > 0, (name, s)
-            assert s["vllm_kl"] == s["vllm_kl"], (name, s)     # the correction ran
+            assert math.isfinite(s["vllm_kl"]), (name, s)     # the correction ran
 
 
 def test_openrlhfs_mismatch_reads_zero_with_masks_at_both_steps(runs):
