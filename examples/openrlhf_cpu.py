@@ -13,12 +13,14 @@ prompts, a reward script, 2 prompts x 2 samples per step, top-p 0.7, temperature
 CPU accelerator (`DS_ACCELERATOR=cpu`). Each step's status dict, as OpenRLHF's
 `PPOTrainer` hands it to its logger (`save_logs_and_checkpoints`), is written as a
 JSON line; the script prints each step's `vllm_kl` and `is_filter_ratio` (OpenRLHF's
-train/rollout mismatch: with masks 0 and 0, without them not).
+train/rollout mismatch: with masks `vllm_kl` within 1e-5 of 0, without them about 0.3;
+the correction filters nothing in either run).
 
 Stand-ins for OpenRLHF's CUDA-only lines, for this harness's processes only (every
 process started with this directory on PYTHONPATH runs `sitecustomize` below, which
 calls `install_stand_ins`: the driver, Ray's workers, vLLM's engine-core process).
-Each replaces the line named, nothing of OpenRLHF's logic:
+Each replaces the line named, nothing of OpenRLHF's logic; the one setting beyond CUDA
+lines is the precision (float32 in place of bf16, in both runs, below):
 
 - `openrlhf/models/ring_attn_utils.py:3-4` imports flash-attn, which does not build
   without CUDA: flash-attn's pure tensor functions (tests/flash_attn_stand_in.py).
