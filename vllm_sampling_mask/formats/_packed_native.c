@@ -304,27 +304,26 @@ static PyObject *encode_v2_text(PyObject *const *args, Py_ssize_t nargs, const c
     return result;
 }
 
-PyDoc_STRVAR(encode_v2_doc,
+/* A module function `NAME(ids, offsets)` that answers encode_v2_text's text,
+ * `FRAMED` or not, and its docstring `NAME_doc`. */
+#define V2_TEXT_FUNCTION(NAME, FRAMED, DOC)                                        \
+    PyDoc_STRVAR(NAME##_doc, DOC);                                                 \
+    static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t nargs) \
+    {                                                                              \
+        return encode_v2_text(args, nargs, #NAME, FRAMED);                         \
+    }
+
+V2_TEXT_FUNCTION(encode_v2, 0,
 "encode_v2(ids, offsets) -> str | None: the `data` text of the packed-rice-v2\n"
 "object of a mask; `ids` the supports' ids back to back (1-D int32, C order),\n"
 "`offsets` each token's start and the end (1-D int64, C order, length T + 1).\n"
 "None for anything else, and for a mask that is not valid (the caller's own\n"
-"encoder says why).");
+"encoder says why).")
 
-static PyObject *encode_v2(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    return encode_v2_text(args, nargs, "encode_v2", 0);
-}
-
-PyDoc_STRVAR(packed_json_doc,
+V2_TEXT_FUNCTION(packed_json, 1,
 "packed_json(ids, offsets) -> str | None: the compact JSON text of the whole\n"
 "packed-rice-v2 object of a mask, `{\"format\":...,\"tokens\":T,\"data\":...}`\n"
-"(what json writes of packed_wire.encode_packed's object); as encode_v2 otherwise.");
-
-static PyObject *packed_json(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    return encode_v2_text(args, nargs, "packed_json", 1);
-}
+"(what json writes of packed_wire.encode_packed's object); as encode_v2 otherwise.")
 
 PyDoc_STRVAR(lists_json_doc,
 "lists_json(ids, offsets) -> str | None: the compact JSON text of a mask's\n"

@@ -91,18 +91,18 @@ class Patch:
 # `since` / `until` bound the releases an entry holds over (`patches.seams`).
 def function_entry(module: str, name: str, *params: str, since: Since = None,
                    until: Since = None) -> Function:
-    return Function(module, name, tuple(params), since, until)
+    return Function(module, name, tuple(params), since=since, until=until)
 
 
 def name_entry(module: str, name: str, since: Since = None, until: Since = None) -> Name:
-    return Name(module, name, since, until)
+    return Name(module, name, since=since, until=until)
 
 
 def fields_entry(module: str, name: str, *fields: str, since: Since = None,
                  until: Since = None) -> Fields:
-    return Fields(module, name, tuple(fields), since, until)
+    return Fields(module, name, tuple(fields), since=since, until=until)
 
 
 def source_entry(module: str, name: str, *uses: str, since: Since = None,
                  until: Since = None) -> SourceUses:
-    return SourceUses(module, name, tuple(uses), since, until)
+    return SourceUses(module, name, tuple(uses), since=since, until=until)

@@ -26,7 +26,7 @@ leaving out a patch that is not applied there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, replace
 from typing import Union
 
 from vllm_sampling_mask import releases
@@ -39,42 +39,37 @@ Since = Union[str, None]
 
 
 @dataclass(frozen=True)
-class Function:
+class _Entry:
+    """What every entry has: the upstream `module` and the (dotted) `name` in it, and the
+    span of releases it holds over (keywords only, after the kind's own field)."""
+    module: str
+    name: str
+    _: KW_ONLY
+    since: Since = None
+    until: Since = None
+
+
+@dataclass(frozen=True)
+class Function(_Entry):
     """`module.name` (dotted for methods) exists with exactly these parameter names."""
-    module: str
-    name: str
     params: tuple[str, ...]
-    since: Since = None
-    until: Since = None
 
 
 @dataclass(frozen=True)
-class Name:
+class Name(_Entry):
     """`module.name` (dotted) resolves."""
-    module: str
-    name: str
-    since: Since = None
-    until: Since = None
 
 
 @dataclass(frozen=True)
-class Fields:
+class Fields(_Entry):
     """The dataclass (or struct) `module.name` still has these fields."""
-    module: str
-    name: str
     fields: tuple[str, ...]
-    since: Since = None
-    until: Since = None
 
 
 @dataclass(frozen=True)
-class SourceUses:
+class SourceUses(_Entry):
     """The source of `module.name` still contains each of these strings."""
-    module: str
-    name: str
     uses: tuple[str, ...]
-    since: Since = None
-    until: Since = None
 
 
 Entry = Union[Function, Name, Fields, SourceUses]

@@ -1,5 +1,9 @@
 """What the two runner adapters (`feature/runner`, `feature/runner_v1`) share.
 
+`wraps_with_state(module, name)` wraps a runner method whose wrapper acts only with the
+runner's state: without it (the flag off, or a rank that is not the output rank) the
+upstream method runs as it is.
+
 `profile_with_masks(module)` makes the memory-profiling run (`_dummy_sampler_run`)
 extract inside the state's `profiling()`, so the KV cache is sized with the mask's
 widest step included.
@@ -15,6 +19,8 @@ rank gets a state.
 """
 
 from __future__ import annotations
+
+import functools
 
 from vllm_sampling_mask.config import mask_enabled
 from vllm_sampling_mask.patches._wrap import wraps
@@ -41,13 +47,27 @@ def mask_state_for(runner) -> SamplingMaskState | None:
     return SamplingMaskState(runner.max_num_reqs, runner.model_config.sampling_mask_settings.max_size)
 
 
+def wraps_with_state(module, name: str):
+    """`wraps` for a runner method: the wrapper is called as `(wrapped, self, state,
+    args, kwargs)` with the runner's `SamplingMaskState`, and not at all on a runner
+    without one (the upstream method is called instead)."""
+    def decorate(wrapper):
+        @wraps(module, name)
+        @functools.wraps(wrapper)
+        def with_state(wrapped, self, args, kwargs):
+            state = self.sampling_mask
+            if state is None:
+                return wrapped(*args, **kwargs)
+            return wrapper(wrapped, self, state, args, kwargs)
+        return wrapper
+    return decorate
+
+
 def profile_with_masks(module) -> None:
     """Wrap `module.GPUModelRunner._dummy_sampler_run` (either runner): with the
     runner's state, the run's sampler calls extract inside `state.profiling()`."""
 
-    @wraps(module, "GPUModelRunner._dummy_sampler_run")
-    def _dummy_sampler_run(wrapped, self, args, kwargs):
-        if self.sampling_mask is None:
-            return wrapped(*args, **kwargs)
-        with self.sampling_mask.profiling():
+    @wraps_with_state(module, "GPUModelRunner._dummy_sampler_run")
+    def _dummy_sampler_run(wrapped, self, state, args, kwargs):
+        with state.profiling():
             return wrapped(*args, **kwargs)

@@ -20,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from vllm_sampling_mask.config import mask_enabled
-from vllm_sampling_mask.patches.worker._runner import mask_state_for, profile_with_masks
+from vllm_sampling_mask.patches.worker._runner import (mask_state_for, profile_with_masks,
+                                                       wraps_with_state)
 from vllm_sampling_mask.errors import MissingSamplingMaskError
 from vllm_sampling_mask.patches._wrap import argument, wraps
 from vllm_sampling_mask.releases import Release
@@ -58,14 +59,12 @@ def apply(module, release: Release) -> None:
             self.sampler.sampling_mask = self.sampling_mask
         return result
 
-    @wraps(module, "GPUModelRunner._remove_request")
-    def _remove_request(wrapped, self, args, kwargs):
-        if self.sampling_mask is None:
-            return wrapped(*args, **kwargs)
+    @wraps_with_state(module, "GPUModelRunner._remove_request")
+    def _remove_request(wrapped, self, state, args, kwargs):
         slot = self.req_states.req_id_to_index.get(argument(wrapped, args, kwargs, "req_id"))
         removed = wrapped(*args, **kwargs)
         if removed and slot is not None:   # the sampler's `add_request` sets the next one
-            self.sampling_mask.requests.remove(slot)
+            state.requests.remove(slot)
         return removed
 
     profile_with_masks(module)
@@ -103,11 +102,8 @@ def apply(module, release: Release) -> None:
                                             else None))
         return result
 
-    @wraps(module, "GPUModelRunner.sample_tokens")
-    def sample_tokens(wrapped, self, args, kwargs):
-        state = self.sampling_mask
-        if state is None:
-            return wrapped(*args, **kwargs)
+    @wraps_with_state(module, "GPUModelRunner.sample_tokens")
+    def sample_tokens(wrapped, self, state, args, kwargs):
         with state.step() as step:
             out = wrapped(*args, **kwargs)
         if step.copy is None:

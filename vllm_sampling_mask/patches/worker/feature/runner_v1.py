@@ -21,7 +21,8 @@ the mask includes them.
 from __future__ import annotations
 
 from vllm_sampling_mask.errors import MissingSamplingMaskError
-from vllm_sampling_mask.patches.worker._runner import mask_state_for, profile_with_masks
+from vllm_sampling_mask.patches.worker._runner import (mask_state_for, profile_with_masks,
+                                                       wraps_with_state)
 from vllm_sampling_mask.patches._wrap import wraps
 from vllm_sampling_mask.releases import Release
 from vllm_sampling_mask.worker.transport import NO_MASKS, MaskCopy, StepWithoutMasks
@@ -77,11 +78,8 @@ def apply(module, release: Release) -> None:
                 self.sampling_mask.requests.apply_batch_update(*update)
         return result
 
-    @wraps(module, "GPUModelRunner.sample_tokens")
-    def sample_tokens(wrapped, self, args, kwargs):
-        state = self.sampling_mask
-        if state is None:
-            return wrapped(*args, **kwargs)
+    @wraps_with_state(module, "GPUModelRunner.sample_tokens")
+    def sample_tokens(wrapped, self, state, args, kwargs):
         # Planned from host arrays (no device sync): the rows whose request wants a mask,
         # their top-k, and the rows whose token upstream discards (partial prefill
         # chunks, `discard_request_mask`, filled by `_prepare_inputs` for this step:
