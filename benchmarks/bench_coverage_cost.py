@@ -3,8 +3,9 @@
     python benchmarks/bench_coverage_cost.py [--tokens 256 2048] [--support 20]
 
 With ``sampling_mask_coverage`` on, the hook's no-gradient entropy pass is
-``training.support_coverage(..., entropy=True)``; off, it is the entropy alone (the
-same ``[rows, V]`` chunks of logits). For the demo model's sizes (H 128, V 4096) and
+``training.support_coverage(..., entropy=True)`` over the batch's supports; off, the
+same call over empty supports: the entropy alone, the same ``[rows, V]`` chunks of
+logits (what the hook runs either way). For the demo model's sizes (H 128, V 4096) and
 T tokens with supports of about ``--support`` ids, this counts, with torch's profiler,
 the operator calls and the bytes allocated by each, and prints the difference: the
 metric's cost. Counts, not times: they do not depend on what else runs on the host.
@@ -24,15 +25,6 @@ from vllm_sampling_mask.frontend.sampling_mask import SamplingMask  # noqa: E402
 from vllm_sampling_mask.training import pack_masks, support_coverage  # noqa: E402
 
 ROWS = 256      # MaskedGRPOTrainer's entropy chunk (integrations/trl.py _ENTROPY_ROWS)
-
-
-def _entropy_only(h, weight, temperature):
-    out = []
-    for a in range(0, h.shape[0], ROWS):
-        logits = torch.nn.functional.linear(h[a:a + ROWS].float(), weight.float()) / temperature
-        logp = torch.log_softmax(logits, dim=-1)
-        out.append(-(logp.exp() * logp).sum(dim=-1))
-    return torch.cat(out)
 
 
 def _profile(fn):
@@ -59,9 +51,11 @@ def main() -> None:
         rows = [torch.randperm(V, generator=gen)[:args.support].sort().values.tolist()
                 for _ in range(T)]
         packed = pack_masks([SamplingMask.from_lists(rows)])
-        off = _profile(lambda: _entropy_only(h, weight, 1.0))
-        on = _profile(lambda: support_coverage(h, packed, 1.0, lm_head_weight=weight,
-                                               entropy=True, chunk_rows=ROWS))
+        empty = (torch.zeros(0, dtype=torch.int64), torch.zeros(T + 1, dtype=torch.int64))
+        off, on = (_profile(lambda: support_coverage(h, mask, 1.0, lm_head_weight=weight,
+                                                     entropy=True, chunk_rows=ROWS,
+                                                     validate=False))
+                   for mask in (empty, packed))
         N = T * args.support
         print(f"T={T} N={N}: entropy only {off[0]} ops {off[1]} B; with coverage "
               f"{on[0]} ops {on[1]} B; the metric adds {on[0] - off[0]} ops, "

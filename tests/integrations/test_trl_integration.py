@@ -238,7 +238,8 @@ def _direct_coverage(trainer, g, temperature=0.9):
 def test_coverage_metric_equals_a_full_softmax_through_the_loss(colocated):
     """TRL's `_compute_loss` on a rollout batch (the hook's loss forward) logs
     `sampling_mask/mass_outside_support` and `sampling_mask/support_size` equal to a
-    direct full-softmax computation at the same weights (1e-5); off, nothing is logged."""
+    direct full-softmax computation at the same weights (1e-5); off, nothing is logged
+    and the entropy is the same."""
     key, size_key = "sampling_mask/mass_outside_support", "sampling_mask/support_size"
     logged = [h[key] for h in colocated.state.log_history if key in h]
     assert logged and all(0.0 < v < 1.0 for v in logged), logged
@@ -251,7 +252,7 @@ def test_coverage_metric_equals_a_full_softmax_through_the_loss(colocated):
     assert abs(metrics[key][-1] - want_mass) < 1e-5, (metrics[key][-1], want_mass)
     assert abs(metrics[size_key][-1] - want_size) < 1e-9
     assert want_mass > 1e-3 and want_size > 1     # real truncation, not a vacuous 0
-    before = len(metrics[key])
+    before, entropy = len(metrics[key]), metrics["entropy"][-1]
     colocated._coverage = False
     try:
         with torch.no_grad():
@@ -259,6 +260,8 @@ def test_coverage_metric_equals_a_full_softmax_through_the_loss(colocated):
     finally:
         colocated._coverage = True
     assert len(metrics[key]) == before
+    # the same entropy pass without the supports' gather
+    assert abs(metrics["entropy"][-1] - entropy) < 1e-6, (metrics["entropy"][-1], entropy)
 
 
 # ---------------------------------------------------------------------------

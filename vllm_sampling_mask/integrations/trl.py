@@ -345,19 +345,15 @@ def _head_forward(model, head: MaskedHead, input_ids, attention_mask, **kwargs):
         logps = nucleus_logprobs_from_hidden(h, weight, tokens, packed, temperature,
                                              bias, empty_support="full")
         out = out.masked_scatter(valid, logps.to(torch.float32))
-        if head.compute_entropy and head.coverage:
-            # the entropy pass, plus each chunk's support logits: the coverage metric
-            cover = support_coverage(h, packed, temperature, lm_head_weight=weight,
-                                     bias=bias, entropy=True, chunk_rows=_ENTROPY_ROWS)
+        if head.compute_entropy:
+            # the entropy pass; with the coverage metric on, each chunk's support
+            # logits too (an empty mask gathers nothing: the entropy alone)
+            support = packed if head.coverage else _no_supports(h.shape[0], h.device)
+            cover = support_coverage(h, support, temperature, lm_head_weight=weight,
+                                     bias=bias, entropy=True, chunk_rows=_ENTROPY_ROWS,
+                                     validate=False)
             entropy = torch.zeros_like(out).masked_scatter(valid, cover.entropy.float())
-            coverage = cover
-        elif head.compute_entropy:
-            entropy = torch.zeros_like(out)
-            with torch.no_grad():
-                values = torch.cat([_entropy(h[a:a + _ENTROPY_ROWS], weight, bias,
-                                             temperature)
-                                    for a in range(0, h.shape[0], _ENTROPY_ROWS)])
-            entropy = entropy.masked_scatter(valid, values)
+            coverage = cover if head.coverage else None
     elif head.compute_entropy:
         entropy = torch.zeros_like(out)
     if not rows:    # keep the output connected to the graph
@@ -365,11 +361,10 @@ def _head_forward(model, head: MaskedHead, input_ids, attention_mask, **kwargs):
     return types.SimpleNamespace(log_probs=out, entropy=entropy, coverage=coverage)
 
 
-def _entropy(h, weight, bias, temperature):
-    logits = torch.nn.functional.linear(h.float(), weight.float(),
-                                        None if bias is None else bias.float()) / temperature
-    logp = torch.log_softmax(logits, dim=-1)
-    return -(logp.exp() * logp).sum(dim=-1)
+def _no_supports(T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """T empty supports, packed."""
+    return (torch.zeros(0, dtype=torch.int64, device=device),
+            torch.zeros(T + 1, dtype=torch.int64, device=device))
 
 
 def add_masked_head(model) -> None:

@@ -46,7 +46,8 @@ ORDER = (
     "cpu_verify_expand", "verify_without_drafts",
     # -- CPU / Triton-interpreter enablers -------------------------------------------------
     "interpreter_has_triton", "interpreter_top_k_top_p", "interpreter_libdevice",
-    "interpreter_patch_cache", "interpreter_masks", "interpreter_dummy_run",
+    "interpreter_patch_cache", "interpreter_overflow_checks", "interpreter_masks",
+    "interpreter_dummy_run",
     "cpu_op_memory_env", "cpu_op_scheduler_metadata", "cpu_op_rotary_embedding",
     "cpu_op_reshape_and_cache", "cpu_op_attention", "cpu_op_gumbel_argmax",
     "cpu_op_greedy_argmax",

@@ -30,7 +30,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .inputs import MaskLike, Temperature, mask_to_tensors, temperature_tensor
+from .inputs import (MaskLike, Temperature, check_offsets, mask_to_tensors,
+                     temperature_tensor)
 from .segments import segment_ids, segment_logsumexp
 
 __all__ = ["Coverage", "support_coverage"]
@@ -57,7 +58,8 @@ def support_coverage(logits_or_hidden: torch.Tensor, mask: MaskLike,
                      temperature: Temperature = 1.0, *,
                      lm_head_weight: Optional[torch.Tensor] = None,
                      bias: Optional[torch.Tensor] = None,
-                     entropy: bool = False, chunk_rows: int = 256) -> Coverage:
+                     entropy: bool = False, chunk_rows: int = 256,
+                     validate: bool = True) -> Coverage:
     """The full softmax's mass outside each token's support, and the support sizes.
 
     Args:
@@ -71,6 +73,8 @@ def support_coverage(logits_or_hidden: torch.Tensor, mask: MaskLike,
         bias: optional ``[V]`` output bias (with ``lm_head_weight``).
         entropy: also return the full softmax's entropy per token.
         chunk_rows: rows of ``[rows, V]`` logits formed at once.
+        validate: check the mask's offsets and ids (two host syncs); False for a
+            mask the caller has checked already.
 
     Returns:
         :class:`Coverage`.
@@ -100,10 +104,12 @@ def support_coverage(logits_or_hidden: torch.Tensor, mask: MaskLike,
         raise ValueError(f"the mask has {offsets.numel() - 1} supports for {T} rows; "
                          "give one support per row")
     N = ids.numel()
-    if int(offsets[0]) != 0 or int(offsets[-1]) != N or bool((offsets.diff() < 0).any()):
-        raise ValueError("mask offsets must start at 0, not decrease and end at len(ids)")
-    if N and (int(ids.min()) < 0 or int(ids.max()) >= V):
-        raise ValueError(f"mask ids must lie in [0, {V}) (the vocabulary)")
+    if validate:
+        check_offsets(offsets, T, N, allow_empty=True)
+        if N:
+            low, high = torch.stack(torch.aminmax(ids)).tolist()
+            if low < 0 or high >= V:
+                raise ValueError(f"mask ids must lie in [0, {V}) (the vocabulary)")
     temp = temperature_tensor(temperature, T, device, cdt, True)
     sizes = offsets.diff()
     seg = segment_ids(offsets, T, N)
@@ -112,7 +118,9 @@ def support_coverage(logits_or_hidden: torch.Tensor, mask: MaskLike,
     if lm_head_weight is not None:
         w = lm_head_weight.to(cdt)
         b = bias.to(cdt) if bias is not None else None
-    for a in range(0, T, chunk_rows):
+    starts = list(range(0, T, chunk_rows))
+    bounds = offsets[starts + [T]].tolist()     # each chunk's span of ids: one sync
+    for i, a in enumerate(starts):
         e_ = min(T, a + chunk_rows)
         if lm_head_weight is not None:
             z = torch.nn.functional.linear(x[a:e_].to(cdt), w, b).div_(temp[a:e_, None])
@@ -122,7 +130,7 @@ def support_coverage(logits_or_hidden: torch.Tensor, mask: MaskLike,
         del z
         if entropy:
             ent[a:e_] = -(logp.exp() * logp).sum(dim=-1)
-        k0, k1 = int(offsets[a]), int(offsets[e_])
+        k0, k1 = bounds[i], bounds[i + 1]
         if k1 > k0:
             rows = seg[k0:k1] - a
             # log of the mass inside: a log-sum-exp of the support's log-probabilities

@@ -307,6 +307,16 @@ RECORDS = (
           seams=(
               function_entry("triton.runtime.interpreter", "_patch_lang", "fn"),
           )),
+    Patch("interpreter_overflow_checks", ("triton.runtime.interpreter",), Process.WORKER,
+          Kind.ENABLER, "none: interpreter speed",
+          "Triton's interpreter skips overflow checks whose assert is off (no `debug`)",
+          change=("no int64 overflow checks on 32-bit integer arithmetic without `debug` "
+                  "(a third less time per interpreted sampling step)"),
+          seams=(
+              name_entry("triton.runtime.interpreter", "interpreter_builder"),
+              fields_entry("triton.runtime.interpreter", "InterpreterOptions", "debug",
+                           "sanitize_overflow"),
+          )),
     Patch("interpreter_masks", ("triton.runtime.interpreter",), Process.WORKER, Kind.ENABLER,
           "none: interpreter gap (`&` with a scalar int1 gives an int64 mask)",
           "Triton's interpreter keeps int1 masks or accepts integer ones",
