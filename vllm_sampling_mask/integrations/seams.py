@@ -214,6 +214,8 @@ V_ENGINE_UTILS = "verl.workers.engine.utils"
 V_TD = "verl.utils.tensordict_utils"
 V_PAD = "verl.workers.utils.padding"
 V_CORR = "verl.trainer.ppo.rollout_corr_helper"
+V_METRIC = "verl.utils.metric.utils"
+V_WORKERS = "verl.workers.engine_workers"
 
 VERL_SEAMS: dict[str, tuple[Entry, ...]] = {
     # the plugin: verl's vLLM version read (made right by the metadata alias first);
@@ -277,6 +279,27 @@ VERL_SEAMS: dict[str, tuple[Entry, ...]] = {
             "compute_rollout_correction_and_add_to_batch(data, rollout_corr_config)",)),
         Function(V_CORR, "compute_rollout_correction_and_add_to_batch", (
             "batch", "rollout_corr_config")),
+    ),
+    # the coverage metric: forward_step's metrics dict, one per micro-batch, gathered by
+    # forward_backward_batch, Metric("sum") aggregated over micro-batches (mean over dp)
+    "metrics": (
+        Function(V_ENGINE, "FSDPEngineWithLMHead.forward_step", (
+            "self", "micro_batch", "loss_function", "forward_only")),
+        SourceUses(V_ENGINE, "FSDPEngineWithLMHead.forward_step", (
+            '"metrics": metrics,', "return loss, output")),
+        Function(V_ENGINE, "FSDPEngine.forward_backward_batch", (
+            "self", "data", "loss_function", "forward_only")),
+        SourceUses(V_ENGINE, "FSDPEngine.forward_backward_batch", (
+            "self.forward_step(micro_batch, loss_function=loss_function, "
+            "forward_only=forward_only)",
+            "postprocess_batch_func(output_lst=output_lst, indices=indices, data=data)")),
+        SourceUses(V_ENGINE_UTILS, "postprocess_batch_func", (
+            'append_to_dict(aggregated_metrics, metrics)',)),
+        Function(V_METRIC, "Metric.__init__", ("self", "aggregation", "value")),
+        Name(V_METRIC, "AggregationType.SUM"),
+        SourceUses(V_METRIC, "Metric.aggregate_dp", ("np.mean(value_arrays, axis=0)",)),
+        SourceUses(V_WORKERS, "TrainingWorker.train_mini_batch", (
+            "Metric.aggregate_dp(val)",)),
     ),
     # multi-turn: each turn's mask placed on the response through verl's Continuous
     # Token merges (the edits align_response_metadata makes to response_mask)
