@@ -505,21 +505,24 @@ def test_turn_masks_follow_each_kept_merges_edits_of_the_response():
 # -- the coverage metric in forward_backward_batch's metrics ---------------------------
 
 
-def _coverage_batch(seed=0):
-    """The samples with made-up responses and supports (each holds its token; some
-    tokens have none), fixed micro-batches of one sample, packed."""
+def _coverage_batch(lm, seed=0):
+    """The samples with made-up responses and supports (the token and 1-5 of the
+    model's most likely ids there, so the support holds a share of the mass; every
+    fourth token none), fixed micro-batches of one sample, packed."""
     from verl.utils import tensordict_utils as tu
 
     g = torch.Generator().manual_seed(seed)
     fields, masks = [], []
     for k, (prompt, n) in enumerate(zip(PROMPTS, MAX_TOKENS)):
         response = torch.randint(20, 400, (n,), generator=g)
+        with torch.no_grad():
+            logits = lm(input_ids=torch.tensor(prompt + response.tolist())[None]).logits[0]
+        top = logits[len(prompt) - 1:].topk(5, dim=-1).indices
         ids, offsets = [], [0]
         for t, token in enumerate(response.tolist()):
             if (t + k) % 4 != 3:        # every fourth token: no support (full softmax)
                 size = int(torch.randint(1, 6, (1,), generator=g))
-                ids += [token] + torch.randint(0, 500, (size,), generator=g).tolist()
-                ids = ids[:offsets[-1]] + list(dict.fromkeys(ids[offsets[-1]:]))
+                ids += list(dict.fromkeys([token] + top[t, :size].tolist()))
             offsets.append(len(ids))
         mask = (np.array(ids, np.int32), np.array(offsets, np.int64))
         masks.append(mask)
@@ -578,9 +581,9 @@ def test_coverage_metric_equals_a_direct_full_softmax_and_the_option_turns_it_of
     monkeypatch.setattr(verl_engine, "module", demo_lm, raising=False)
     monkeypatch.setattr(verl_engine, "_autocast_dtype", torch.float32, raising=False)
     seen = []
+    data, masks = _coverage_batch(demo_lm)
     handle = demo_lm.register_forward_hook(lambda m, a, out: seen.append(out.logits[0]))
     try:
-        data, masks = _coverage_batch()
         out = verl_engine.forward_backward_batch(data, loss_function=None, forward_only=True)
         assert len(seen) == len(PROMPTS)       # one micro-batch per sample, in order
         mass, size = _direct_coverage(seen, masks, 0.8)
@@ -591,12 +594,12 @@ def test_coverage_metric_equals_a_direct_full_softmax_and_the_option_turns_it_of
         assert abs(got_mass - mass) < 1e-5 and 0.0 < mass < 1.0
         assert abs(got_size - size) < 1e-9
         monkeypatch.setenv(COVERAGE, "0")
-        data, _ = _coverage_batch()
+        data, _ = _coverage_batch(demo_lm)
         out = verl_engine.forward_backward_batch(data, loss_function=None, forward_only=True)
         assert not set(adapter.COVERAGE_METRICS) & set(out["metrics"])
         monkeypatch.setenv(COVERAGE, "maybe")
         with pytest.raises(ValueError, match=f"{COVERAGE} must be 1 .* or 0"):
-            verl_engine.forward_backward_batch(_coverage_batch()[0], loss_function=None,
+            verl_engine.forward_backward_batch(_coverage_batch(demo_lm)[0], loss_function=None,
                                                forward_only=True)
     finally:
         handle.remove()

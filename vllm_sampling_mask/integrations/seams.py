@@ -435,6 +435,15 @@ OPENRLHF_SEAMS: dict[str, tuple[Entry, ...]] = {
             "action_log_probs, output = self.actor(",
             "old_action_log_probs = experience.action_log_probs",
             "rollout_log_probs=experience.rollout_log_probs")),
+        # the coverage metric: the status dict training_step returns, its entries
+        # weighted "token" by ppo_train over micro-batches and ranks
+        SourceUses(O_PPO_ACTOR, "ActorPPOTrainer.training_step", (
+            '"metrics": metrics,', '"weights": weights,')),
+        SourceUses(O_PPO_ACTOR, "ActorPPOTrainer.ppo_train", (
+            "status = self.training_step(experience, kl_ctl, step, loss_batch_info)",
+            'scale = n_tokens if weight == "token" else n_samples',
+            "value.float().mean().item() * scale",
+            "reduced_status = self.strategy.all_reduce(reduced_status)")),
     ),
     # Actor.forward: temperature-scaled float32 logits, column j predicts token j + 1;
     # PolicyLoss's correction compares old and rollout log-probabilities
