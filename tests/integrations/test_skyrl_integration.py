@@ -311,3 +311,70 @@ def test_a_servers_fixed_width_pads_every_row_and_bounds_the_top_k(ray_head):
         with pytest.raises(aiohttp.ClientResponseError) as err:
             _generate(server, [PROMPT], dict(params, top_k=16))
         assert err.value.status == 400 and "top_k=16" in err.value.message
+
+
+# -- the coverage metric in SkyRL's trainer --------------------------------------------
+
+
+@pytest.mark.skyrl
+def test_replays_coverage_equals_a_direct_full_softmax(monkeypatch):
+    """SkyRL's `HFModelWrapper.forward` with replay (its `score_aligned_sample_support`
+    patched by the package's site hook) on CPU tensors of the demo model: the coverage
+    it adds equals a float64 full softmax of the model's temperature-scaled logits over
+    the loss tokens (supports: the token and 1-5 of the model's likeliest ids there);
+    outside `coverage_sums` nothing is collected."""
+    import importlib
+
+    import peft  # noqa: F401  (transformers probes flash_attn's spec: before the stand-in)
+    import torch
+    import transformers.modeling_utils  # noqa: F401
+    try:
+        import flash_attn.bert_padding  # noqa: F401
+    except ImportError:
+        for name, module in _bert_padding_stand_in().items():
+            monkeypatch.setitem(sys.modules, name, module)
+    wrapper = importlib.import_module(adapter.MODEL_WRAPPER)
+    from skyrl.train.dataset.preprocess import convert_prompts_responses_to_batch_tensors
+
+    from vllm_sampling_mask import DEMO_MODEL
+
+    assert getattr(wrapper.score_aligned_sample_support, adapter._MARK, False)
+    model = wrapper.HFModelWrapper(DEMO_MODEL, bf16=False)
+    model.eval()
+    g = torch.Generator().manual_seed(0)
+    prompts, n, temperature = [PROMPT, [7, 8, 9]], 8, 0.8
+    responses = [torch.randint(20, 400, (n,), generator=g).tolist() for _ in prompts]
+    loss_masks = [[1] * n, [1, 1, 0, 1, 1, 1, 0, 1]]
+    supports, want_mass, want_size = [], [], []
+    with torch.no_grad():
+        for prompt, response, loss in zip(prompts, responses, loss_masks):
+            ids = torch.tensor(prompt + response)[None]
+            z = model.model(ids).logits[0, len(prompt) - 1:-1].double() / temperature
+            top = z.topk(5, dim=-1).indices
+            p = torch.softmax(z, dim=-1)
+            rows_ids, offsets = [], [0]
+            for t, token in enumerate(response):
+                size = int(torch.randint(1, 6, (1,), generator=g))
+                row = list(dict.fromkeys([token] + top[t, :size].tolist()))
+                rows_ids += row
+                offsets.append(len(rows_ids))
+                if loss[t]:
+                    want_mass.append(1.0 - float(p[t, row].sum()))
+                    want_size.append(len(row))
+            supports.append(support_rows(np.array(rows_ids), np.array(offsets), 6))
+    (sequences, attention_mask, _, _, loss_mask, _, _, support) = \
+        convert_prompts_responses_to_batch_tensors(
+            0, prompts, responses, [[0.0] * n for _ in prompts], loss_masks,
+            rollout_sample_support=supports)
+    forward = dict(temperature=temperature, sample_support=support, loss_mask=loss_mask,
+                   enable_sample_support_replay=True)
+    with torch.no_grad():
+        with adapter.coverage_sums() as sums:
+            model(sequences, n, attention_mask, **forward)
+        model(sequences, n, attention_mask, **forward)     # no collector: no pass
+    mass, size, count = sums
+    print(f"mass outside {mass / count:.6f} (direct {np.mean(want_mass):.6f}), "
+          f"size {size / count:.3f}")
+    assert count == len(want_mass) == 14
+    assert abs(mass / count - np.mean(want_mass)) < 1e-5 and 0 < np.mean(want_mass) < 1
+    assert abs(size / count - np.mean(want_size)) < 1e-9

@@ -119,6 +119,9 @@ SK_SUPPORT = "skyrl.backends.skyrl_train.utils.sample_support"
 SK_PREP = "skyrl.train.dataset.preprocess"
 SK_REPLAY = "skyrl.backends.skyrl_train.utils.sample_support_replay"
 SK_CONFIG = "skyrl.train.config.config"
+SK_WRAPPER = "skyrl.backends.skyrl_train.workers.model_wrapper"
+SK_WORKER = "skyrl.backends.skyrl_train.workers.worker"
+SK_WORKER_UTILS = "skyrl.backends.skyrl_train.workers.worker_utils"
 
 SKYRL_SEAMS: dict[str, tuple[Entry, ...]] = {
     # turned on by SkyRL's configuration: engine_init_kwargs become the server's
@@ -191,6 +194,24 @@ SKYRL_SEAMS: dict[str, tuple[Entry, ...]] = {
             "sample_support", "vocab_start_index", "vocab_end_index", "tp_group",
             "compute_entropy", "entropy_requires_grad", "lm_head_weight", "temperature",
             "chunk_size")),
+    ),
+    # the coverage metric: the FSDP forward's replay call (by its module name, on the
+    # temperature-scaled logits), and the micro-batch status the worker reduces
+    "trainer.metrics": (
+        Name(SK_WRAPPER, "score_aligned_sample_support"),
+        SourceUses(SK_WRAPPER, "HFModelWrapper.forward", (
+            "logits_BSV.div_(temperature)", "support_scores = score_aligned_sample_support(",
+            "logits_BSV,", "support_channels.row_ids,", "support_channels.loss_mask,",
+            "sample_support,")),
+        Function(SK_WORKER, "PolicyWorkerBase._forward_backward_micro", (
+            "self", "experience", "microbatch_weight", "loss_fn", "loss_fn_config",
+            "return_per_token_outputs")),
+        SourceUses(SK_WORKER, "PolicyWorkerBase._forward_backward_micro", (
+            "self.cfg.algorithm.enable_sample_support_replay", "return status")),
+        SourceUses(SK_WORKER, "PolicyWorkerBase.forward_backward", (
+            "metrics = self._forward_backward_micro(",
+            "result = reduce_metrics(all_metrics, sum_loss_metrics=True)")),
+        SourceUses(SK_WORKER_UTILS, "reduce_metrics", ("Default reduction is mean.",)),
     ),
 }
 
