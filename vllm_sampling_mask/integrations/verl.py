@@ -405,6 +405,9 @@ def _patch_metrics(cls) -> None:
 
     @functools.wraps(forward_step)
     def metered_step(self, micro_batch, *args, **kwargs):
+        if not getattr(type(self).prepare_model_outputs, _MARK, False):
+            # a subclass with its own outputs (the critic's value head): no log-probs
+            return forward_step(self, micro_batch, *args, **kwargs)
         self.__dict__.pop(_COVER, None)
         loss, output = forward_step(self, micro_batch, *args, **kwargs)
         sums = self.__dict__.pop(_COVER, None)
