@@ -108,6 +108,27 @@ def test_packed_support_log_probs_read_the_same_rows_at_the_attended_tokens():
                                          masks, 4)
 
 
+def test_packed_coverage_reads_the_same_rows_as_the_padded_one():
+    """The coverage grids of both layouts agree at the attended columns and equal a
+    float64 full softmax outside each support; columns without one read 0."""
+    logits = torch.randn(2, 5, 10, dtype=torch.float64)
+    sequences = torch.tensor([[0, 4, 5, 0, 0], [1, 3, 3, 7, 6]])
+    attention = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    masks = [(np.array([4, 9, 5, 0, 2, 8], np.int32), np.array([0, 2, 3, 6])),
+             (np.array([3, 1], np.int32), np.array([0, 0, 2]))]
+    _, (mass, sizes) = adapter.support_log_probs(logits, sequences, masks, 4, coverage=True)
+    packed_logits = logits.reshape(10, 10)[attention.flatten().bool()].unsqueeze(0)
+    _, (pmass, psizes) = adapter.packed_support_log_probs(packed_logits, sequences,
+                                                          attention, masks, 4, coverage=True)
+    keep = attention[:, :4].bool()
+    assert torch.allclose(pmass[keep], mass[keep]) and torch.equal(psizes[keep], sizes[keep])
+    p = torch.softmax(logits, dim=-1)
+    assert sizes.tolist() == [[2, 1, 3, 0], [0, 2, 0, 0]]
+    assert abs(float(mass[0, 0]) - (1 - float(p[0, 0, [4, 9]].sum()))) < 1e-12
+    assert abs(float(mass[1, 1]) - (1 - float(p[1, 1, [3, 1]].sum()))) < 1e-12
+    assert float(mass[0, 3]) == 0.0 and float(mass[1, 0]) == 0.0
+
+
 # -- OpenRLHF's rollout actor with a real engine ----------------------------------------
 
 
