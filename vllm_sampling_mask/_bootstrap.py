@@ -11,3 +11,13 @@ from vllm_sampling_mask.patches.apply import disabled, install_hooks
 
 if not disabled():
     install_hooks()
+    # SkyRL's trainer: the coverage metric (vllm_sampling_mask.integrations.skyrl),
+    # patched when SkyRL imports these modules; nothing is imported before
+    import wrapt
+
+    wrapt.register_post_import_hook(
+        "vllm_sampling_mask.integrations.skyrl:patch_model_wrapper",
+        "skyrl.backends.skyrl_train.workers.model_wrapper")
+    wrapt.register_post_import_hook(
+        "vllm_sampling_mask.integrations.skyrl:patch_worker",
+        "skyrl.backends.skyrl_train.workers.worker")

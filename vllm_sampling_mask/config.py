@@ -18,6 +18,9 @@ TRITON_TOPK = "VLLM_SAMPLING_MASK_TRITON_TOPK"
 # `return_sampling_mask=True` had been passed (`LLM(...)`, `EngineArgs`, `vllm serve`):
 # the way in for a framework that builds `LLM(...)` itself with fixed arguments.
 RETURN = "VLLM_SAMPLING_MASK_RETURN"
+# VLLM_SAMPLING_MASK_COVERAGE=0: the verl and OpenRLHF adapters skip the support's
+# coverage metric (default 1: logged where the trainer takes masked log-probabilities).
+COVERAGE = "VLLM_SAMPLING_MASK_COVERAGE"
 
 
 def overlay_disabled() -> bool:
@@ -26,6 +29,17 @@ def overlay_disabled() -> bool:
 
 def return_mask_from_env() -> bool:
     return os.environ.get(RETURN, "") in _TRUE
+
+
+def coverage_enabled() -> bool:
+    """VLLM_SAMPLING_MASK_COVERAGE: "1" (the default, unset or empty) or "0"."""
+    value = os.environ.get(COVERAGE, "").strip()
+    if value in ("", "1", "true", "True"):
+        return True
+    if value in ("0", "false", "False"):
+        return False
+    raise ValueError(f"{COVERAGE} must be 1 (log the support's coverage metric) or 0 "
+                     f"(skip it), got {value!r}")
 
 
 def debug_state_enabled() -> bool:

@@ -76,8 +76,9 @@ def each_framework(*names):
 
 
 def _resolved(fw: Framework, part: str, entry):
-    if fw.module == "openrlhf":
-        # OpenRLHF's trainer modules import flash-attn at module top (no CPU build)
+    if fw.module in ("openrlhf", "skyrl"):
+        # OpenRLHF's trainer modules and SkyRL's model_wrapper import flash-attn at
+        # module top (no CPU build)
         import flash_attn_stand_in
         flash_attn_stand_in.install()
     obj = importlib.import_module(entry.module)

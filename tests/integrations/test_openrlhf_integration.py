@@ -108,6 +108,27 @@ def test_packed_support_log_probs_read_the_same_rows_at_the_attended_tokens():
                                          masks, 4)
 
 
+def test_packed_coverage_reads_the_same_rows_as_the_padded_one():
+    """The coverage grids of both layouts agree at the attended columns and equal a
+    float64 full softmax outside each support; columns without one read 0."""
+    logits = torch.randn(2, 5, 10, dtype=torch.float64)
+    sequences = torch.tensor([[0, 4, 5, 0, 0], [1, 3, 3, 7, 6]])
+    attention = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    masks = [(np.array([4, 9, 5, 0, 2, 8], np.int32), np.array([0, 2, 3, 6])),
+             (np.array([3, 1], np.int32), np.array([0, 0, 2]))]
+    _, (mass, sizes) = adapter.support_log_probs(logits, sequences, masks, 4, coverage=True)
+    packed_logits = logits.reshape(10, 10)[attention.flatten().bool()].unsqueeze(0)
+    _, (pmass, psizes) = adapter.packed_support_log_probs(packed_logits, sequences,
+                                                          attention, masks, 4, coverage=True)
+    keep = attention[:, :4].bool()
+    assert torch.allclose(pmass[keep], mass[keep]) and torch.equal(psizes[keep], sizes[keep])
+    p = torch.softmax(logits, dim=-1)
+    assert sizes.tolist() == [[2, 1, 3, 0], [0, 2, 0, 0]]
+    assert abs(float(mass[0, 0]) - (1 - float(p[0, 0, [4, 9]].sum()))) < 1e-12
+    assert abs(float(mass[1, 1]) - (1 - float(p[1, 1, [3, 1]].sum()))) < 1e-12
+    assert float(mass[0, 3]) == 0.0 and float(mass[1, 0]) == 0.0
+
+
 # -- OpenRLHF's rollout actor with a real engine ----------------------------------------
 
 
@@ -445,3 +466,120 @@ def test_install_patches_openrlhfs_modules_as_they_load():
         adapter._actor_class(ReferenceModelActor).forward,
         ActorPPOTrainer.training_step, Actor.forward]
     assert all(getattr(f, adapter._MARK, False) for f in patched)
+
+
+# -- the coverage metric in training_step's status -------------------------------------
+
+
+class _DeepSpeedStandIn:
+    """Stand-in for the three DeepSpeedStrategy calls `ActorPPOTrainer.training_step`
+    makes on its DeepSpeed engine (openrlhf/trainer/ray/ppo_actor.py:356-361
+    `strategy.backward` / `strategy.optimizer_step`, :378 `strategy.get_grad_norm`),
+    which need DeepSpeed's initialized engine; the loop test runs the real ones."""
+
+    ring_attn_group = None
+
+    def backward(self, loss, model, optimizer):
+        loss.backward()
+
+    def optimizer_step(self, optimizer, model, scheduler, name="model"):
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def get_grad_norm(self, model):
+        return 0.0
+
+
+def _coverage_experience(actor, seed=0):
+    """Two right-padded samples (OpenRLHF's layout: action column j is token j + 1)
+    with made-up supports: the token and 1-5 of the actor's most likely ids at that
+    column (so the support holds a share of the mass); every fourth action token none."""
+    from openrlhf.trainer.ppo_utils.experience import Experience
+
+    g = torch.Generator().manual_seed(seed)
+    length, columns = 12, 11
+    sequences = torch.randint(20, 400, (2, length), generator=g)
+    attention = torch.ones(2, length, dtype=torch.long)
+    attention[1, 9:] = 0
+    sequences[1, 9:] = 0
+    action = torch.zeros(2, columns, dtype=torch.bool)
+    action[0, 3:11] = True      # prompt of 4, 8 response tokens
+    action[1, 2:8] = True       # prompt of 3, 6 response tokens, 3 pad
+    with torch.no_grad():
+        top = actor.model(sequences, attention_mask=attention).logits.topk(5, dim=-1).indices
+    masks = []
+    for b in range(2):
+        ids, offsets = [], [0]
+        for j in range(columns):
+            if action[b, j] and j % 4 != 1:
+                size = int(torch.randint(1, 6, (1,), generator=g))
+                row = [int(sequences[b, j + 1])] + top[b, j, :size].tolist()
+                ids += list(dict.fromkeys(row))
+            offsets.append(len(ids))
+        masks.append((np.array(ids, np.int32), np.array(offsets, np.int64)))
+    zeros = torch.zeros(2, columns)
+    return Experience(sequences=sequences, attention_mask=attention, action_mask=action,
+                      action_log_probs=zeros, rollout_log_probs=zeros,
+                      advantages=torch.ones(2, columns), sampling_mask=masks), masks
+
+
+def _trainer(actor):
+    """OpenRLHF's ActorPPOTrainer (not built: its __init__ starts DeepSpeed and the
+    vLLM engines) holding what training_step reads: the real Actor and PolicyLoss,
+    an optimizer at learning rate 0 (the shared actor's weights stay), and the
+    arguments of a run without KL loss, entropy or dynamic batching."""
+    from openrlhf.models.loss import PolicyLoss
+    from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
+
+    trainer = object.__new__(ActorPPOTrainer)
+    trainer.actor = actor
+    trainer.actor_loss_fn = PolicyLoss()
+    trainer.strategy = _DeepSpeedStandIn()
+    trainer.actor_optim = torch.optim.SGD(actor.parameters(), lr=0.0)
+    trainer.actor_scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.actor_optim,
+                                                                lambda step: 1.0)
+    trainer.ema_model, trainer.aux_loss, trainer.replay_buffer = None, False, None
+    trainer.args = types.SimpleNamespace(
+        actor=types.SimpleNamespace(entropy_coef=None, aux_loss_coef=0.0),
+        algo=types.SimpleNamespace(kl=types.SimpleNamespace(use_loss=False)),
+        train=types.SimpleNamespace(dynamic_batch_enable=False))
+    return trainer
+
+
+def test_coverage_in_training_steps_status_equals_a_direct_full_softmax(actor, monkeypatch):
+    """OpenRLHF's training_step (patched) on CPU tensors: its status carries the two
+    coverage means, token-weighted, equal to a float64 full softmax of the actor's
+    temperature-scaled logits over the action tokens with a support; with
+    VLLM_SAMPLING_MASK_COVERAGE=0 they are absent."""
+    from vllm_sampling_mask.config import COVERAGE
+
+    experience, masks = _coverage_experience(actor)
+    loss_info = {"dp_size": 1, "batch_num_tokens": experience.action_mask.sum().float(),
+                 "global_batch_size": torch.tensor(2.0)}
+    with torch.no_grad():
+        _, output = actor(experience.sequences, experience.action_mask,
+                          experience.attention_mask, return_output=True)
+    p = torch.softmax(output["logits"].double(), dim=-1)    # already / temperature
+    mass, sizes = [], []
+    for b, (ids, offsets) in enumerate(masks):
+        for j in range(len(offsets) - 1):
+            support = torch.as_tensor(ids[offsets[j]:offsets[j + 1]], dtype=torch.long)
+            if len(support):
+                mass.append(1.0 - float(p[b, j, support].sum()))
+                sizes.append(len(support))
+    trainer = _trainer(actor)
+    try:
+        status = trainer.training_step(experience, 0.0, 0, loss_info)
+        monkeypatch.setenv(COVERAGE, "0")
+        off = trainer.training_step(experience, 0.0, 0, loss_info)
+    finally:
+        actor.eval()
+    got = status["metrics"]
+    print(f"mass outside {float(got[adapter.COVERAGE_METRICS[0]]):.6f} "
+          f"(direct {np.mean(mass):.6f}), size {float(got[adapter.COVERAGE_METRICS[1]]):.3f}")
+    assert abs(float(got[adapter.COVERAGE_METRICS[0]]) - np.mean(mass)) < 1e-5
+    assert 0.0 < np.mean(mass) < 1.0
+    assert abs(float(got[adapter.COVERAGE_METRICS[1]]) - np.mean(sizes)) < 1e-9
+    assert all(status["weights"][k] == "token" for k in adapter.COVERAGE_METRICS)
+    assert not set(adapter.COVERAGE_METRICS) & set(off["metrics"])
+    assert "policy_loss" in off["metrics"]

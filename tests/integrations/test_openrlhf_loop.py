@@ -94,3 +94,15 @@ def test_multi_turn_each_turn_carries_its_supports(runs):
     above is over both turns' tokens."""
     for s in runs["masks"]:
         assert s["turns"] == 2.0, s
+
+
+def test_the_support_coverage_is_in_the_status_with_masks_only(runs):
+    """The masked job's status (OpenRLHF's PPOTrainer log, from the actor's
+    training_step) carries the support's coverage; the stock job's does not."""
+    for s in runs["masks"]:
+        assert 0.0 <= s["sampling_mask/mass_outside_support"] < 1.0, s
+        assert s["sampling_mask/support_size"] >= 1.0, s
+    for s in runs["stock"]:
+        assert "sampling_mask/mass_outside_support" not in s, s
+    print("\ncoverage:", [(s["sampling_mask/mass_outside_support"],
+                           s["sampling_mask/support_size"]) for s in runs["masks"]])

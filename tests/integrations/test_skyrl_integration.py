@@ -311,3 +311,156 @@ def test_a_servers_fixed_width_pads_every_row_and_bounds_the_top_k(ray_head):
         with pytest.raises(aiohttp.ClientResponseError) as err:
             _generate(server, [PROMPT], dict(params, top_k=16))
         assert err.value.status == 400 and "top_k=16" in err.value.message
+
+
+# -- the coverage metric in SkyRL's trainer --------------------------------------------
+
+
+def _model_wrapper(monkeypatch):
+    """SkyRL's model_wrapper module (flash-attn's two padding functions stood in where
+    flash-attn is not installed: see `_bert_padding_stand_in`)."""
+    import importlib
+
+    import peft  # noqa: F401  (transformers probes flash_attn's spec: before the stand-in)
+    import transformers.modeling_utils  # noqa: F401
+    try:
+        import flash_attn.bert_padding  # noqa: F401
+    except ImportError:
+        for name, module in _bert_padding_stand_in().items():
+            monkeypatch.setitem(sys.modules, name, module)
+    return importlib.import_module(adapter.MODEL_WRAPPER)
+
+
+def _coverage_batch(model, temperature, n=8):
+    """Two samples with made-up responses and supports (the token and 1-5 of the
+    model's likeliest ids there), one loss-masked out twice, in SkyRL's batch tensors;
+    and the direct float64 full-softmax figures over the loss tokens."""
+    import torch
+    from skyrl.train.dataset.preprocess import convert_prompts_responses_to_batch_tensors
+
+    g = torch.Generator().manual_seed(0)
+    prompts = [PROMPT, [7, 8, 9]]
+    responses = [torch.randint(20, 400, (n,), generator=g).tolist() for _ in prompts]
+    loss_masks = [[1] * n, [1, 1, 0, 1, 1, 1, 0, 1]]
+    supports, want_mass, want_size = [], [], []
+    with torch.no_grad():
+        for prompt, response, loss in zip(prompts, responses, loss_masks):
+            ids = torch.tensor(prompt + response)[None]
+            z = model.model(ids).logits[0, len(prompt) - 1:-1].double() / temperature
+            top = z.topk(5, dim=-1).indices
+            p = torch.softmax(z, dim=-1)
+            rows_ids, offsets = [], [0]
+            for t, token in enumerate(response):
+                size = int(torch.randint(1, 6, (1,), generator=g))
+                row = list(dict.fromkeys([token] + top[t, :size].tolist()))
+                rows_ids += row
+                offsets.append(len(rows_ids))
+                if loss[t]:
+                    want_mass.append(1.0 - float(p[t, row].sum()))
+                    want_size.append(len(row))
+            supports.append(support_rows(np.array(rows_ids), np.array(offsets), 6))
+    (sequences, attention_mask, _, _, loss_mask, _, _, support) = \
+        convert_prompts_responses_to_batch_tensors(
+            0, prompts, responses, [[0.0] * n for _ in prompts], loss_masks,
+            rollout_sample_support=supports)
+    return (sequences, attention_mask, loss_mask, support,
+            float(np.mean(want_mass)), float(np.mean(want_size)), len(want_mass))
+
+
+@pytest.mark.skyrl
+def test_replays_coverage_equals_a_direct_full_softmax(monkeypatch):
+    """SkyRL's `HFModelWrapper.forward` with replay (its `score_aligned_sample_support`
+    patched by the package's site hook) on CPU tensors of the demo model: the coverage
+    it adds equals a float64 full softmax of the model's temperature-scaled logits over
+    the loss tokens; outside `coverage_sums` nothing is collected."""
+    import torch
+
+    from vllm_sampling_mask import DEMO_MODEL
+
+    wrapper = _model_wrapper(monkeypatch)
+    assert getattr(wrapper.score_aligned_sample_support, adapter._MARK, False)
+    model = wrapper.HFModelWrapper(DEMO_MODEL, bf16=False)
+    model.eval()
+    temperature, n = 0.8, 8
+    sequences, attention_mask, loss_mask, support, want_mass, want_size, tokens = \
+        _coverage_batch(model, temperature, n)
+    forward = dict(temperature=temperature, sample_support=support, loss_mask=loss_mask,
+                   enable_sample_support_replay=True)
+    with torch.no_grad():
+        with adapter.coverage_sums() as sums:
+            model(sequences, n, attention_mask, **forward)
+        model(sequences, n, attention_mask, **forward)     # no collector: no pass
+    mass, size, count = sums
+    print(f"mass outside {mass / count:.6f} (direct {want_mass:.6f}), size {size / count:.3f}")
+    assert count == tokens == 14
+    assert abs(mass / count - want_mass) < 1e-5 and 0 < want_mass < 1
+    assert abs(size / count - want_size) < 1e-9
+
+
+class _FSDPStrategyStandIn:
+    """Stand-in for the one strategy call `_forward_backward_micro` makes
+    (skyrl/backends/skyrl_train/workers/worker.py:1245 `self.strategy.backward`), which
+    needs SkyRL's FSDP-wrapped model."""
+
+    def backward(self, loss, model, optimizer):
+        loss.backward()
+
+
+@pytest.mark.skyrl
+def test_the_policy_workers_status_carries_the_coverage(monkeypatch):
+    """SkyRL's `PolicyWorkerBase._forward_backward_micro` (patched by the site hook)
+    with SkyRL's own default trainer configuration, replay on: its status carries the
+    two means, equal to the direct float64 figures; VLLM_SAMPLING_MASK_COVERAGE=0 leaves
+    them out. The worker is not built (its __init__ joins a Ray job and FSDP): it holds
+    the demo model's `HFModelWrapper`, SkyRL's policy loss, an optimizer at learning
+    rate 0. `torch.cuda.current_device` answers "cpu" for worker.py:1090
+    (`experience.to_device(torch.cuda.current_device())`)."""
+    import importlib
+
+    import torch
+    from skyrl.backends.skyrl_train.utils.ppo_utils import PolicyLossRegistry
+    from skyrl.train.config.config import SkyRLTrainConfig
+    from skyrl.train.dataset.replay_buffer import Experience
+
+    from vllm_sampling_mask import DEMO_MODEL
+    from vllm_sampling_mask.config import COVERAGE
+
+    wrapper = _model_wrapper(monkeypatch)
+    worker_module = importlib.import_module(adapter.WORKER)
+    assert getattr(worker_module.PolicyWorkerBase._forward_backward_micro, adapter._MARK,
+                   False)
+    model = wrapper.HFModelWrapper(DEMO_MODEL, bf16=False)
+    temperature, n = 0.8, 8
+    sequences, attention_mask, loss_mask, support, want_mass, want_size, _ = \
+        _coverage_batch(model, temperature, n)
+    cfg = SkyRLTrainConfig().trainer
+    cfg.algorithm.enable_sample_support_replay = True
+    cfg.algorithm.temperature = temperature
+    worker = object.__new__(worker_module.PolicyWorkerBase)
+    worker.cfg, worker.model = cfg, model
+    worker.policy_loss_fn = PolicyLossRegistry.get(cfg.algorithm.policy_loss_type)
+    worker.strategy = _FSDPStrategyStandIn()
+    worker.optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    worker.scheduler = torch.optim.lr_scheduler.LambdaLR(worker.optimizer, lambda step: 1.0)
+    worker.mesh_rank = types.SimpleNamespace(dp_size=1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+
+    def experience():
+        zeros = torch.zeros(loss_mask.shape)
+        return Experience(
+            sequences=sequences, action_log_probs=zeros, base_action_log_probs=zeros,
+            values=None, returns=None, advantages=torch.ones(loss_mask.shape),
+            attention_mask=attention_mask, loss_mask=loss_mask,
+            response_mask=torch.ones(loss_mask.shape, dtype=torch.long),
+            rollout_logprobs=zeros, rollout_expert_indices=None, num_actions=n, info={},
+            rollout_sample_support=support)
+
+    status = worker._forward_backward_micro(experience(), 1.0)
+    got_mass, got_size = (status[name] for name in adapter.COVERAGE_METRICS)
+    print(f"status: mass outside {got_mass:.6f} (direct {want_mass:.6f}), "
+          f"size {got_size:.3f}")
+    assert abs(got_mass - want_mass) < 1e-5
+    assert abs(got_size - want_size) < 1e-9
+    monkeypatch.setenv(COVERAGE, "0")
+    off = worker._forward_backward_micro(experience(), 1.0)
+    assert "policy_loss" in off and not set(adapter.COVERAGE_METRICS) & set(off)

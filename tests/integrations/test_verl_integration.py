@@ -500,3 +500,106 @@ def test_turn_masks_follow_each_kept_merges_edits_of_the_response():
     bad = MergeResult(token_ids=[], appended_token_count=2, kind="assistant")
     with pytest.raises(ValueError, match="appended 2 tokens for a turn whose engine mask has 1"):
         turn([[4]], bad)
+
+
+# -- the coverage metric in forward_backward_batch's metrics ---------------------------
+
+
+def _coverage_batch(lm, seed=0):
+    """The samples with made-up responses and supports (the token and 1-5 of the
+    model's most likely ids there, so the support holds a share of the mass; every
+    fourth token none), fixed micro-batches of one sample, packed."""
+    from verl.utils import tensordict_utils as tu
+
+    g = torch.Generator().manual_seed(seed)
+    fields, masks = [], []
+    for k, (prompt, n) in enumerate(zip(PROMPTS, MAX_TOKENS)):
+        response = torch.randint(20, 400, (n,), generator=g)
+        with torch.no_grad():
+            logits = lm(input_ids=torch.tensor(prompt + response.tolist())[None]).logits[0]
+        top = logits[len(prompt) - 1:].topk(5, dim=-1).indices
+        ids, offsets = [], [0]
+        for t, token in enumerate(response.tolist()):
+            if (t + k) % 4 != 3:        # every fourth token: no support (full softmax)
+                size = int(torch.randint(1, 6, (1,), generator=g))
+                ids += list(dict.fromkeys([token] + top[t, :size].tolist()))
+            offsets.append(len(ids))
+        mask = (np.array(ids, np.int32), np.array(offsets, np.int64))
+        masks.append(mask)
+        input_ids = torch.tensor(prompt + response.tolist())
+        fields.append({"prompts": torch.tensor(prompt), "responses": response,
+                       "response_mask": torch.ones(n, dtype=torch.int64),
+                       "loss_mask": torch.ones(n, dtype=torch.int64),
+                       "input_ids": input_ids, "position_ids": torch.arange(len(input_ids)),
+                       "extra_fields": {adapter.MASK_FIELD: mask}})
+    data = tu.list_of_dict_to_tensordict(fields)
+    tu.assign_non_tensor(data, temperature=0.8, use_remove_padding=True,
+                         use_fused_kernels=False, calculate_entropy=True,
+                         use_dynamic_bsz=False, micro_batch_size_per_gpu=1)
+    return data, masks
+
+
+def _direct_coverage(logits_per_sample, masks, temperature):
+    """The mean over tokens with a support of 1 - sum_{v in S} softmax(z / T)[v], and
+    the mean support size, in float64 from each sample's response rows."""
+    mass, sizes = [], []
+    for logits, (ids, offsets), prompt in zip(logits_per_sample, masks, PROMPTS):
+        n = len(offsets) - 1
+        p = torch.softmax(logits.double()[len(prompt) - 1:len(prompt) - 1 + n] / temperature,
+                          dim=-1)
+        for t in range(n):
+            support = ids[offsets[t]:offsets[t + 1]]
+            if len(support):
+                mass.append(1.0 - float(p[t, torch.as_tensor(support, dtype=torch.long)].sum()))
+                sizes.append(len(support))
+    return float(np.mean(mass)), float(np.mean(sizes))
+
+
+def test_coverage_metric_equals_a_direct_full_softmax_and_the_option_turns_it_off(
+        verl_engine, demo_lm, monkeypatch):
+    """verl's forward_backward_batch (forward only) over three micro-batches: its
+    `metrics` hold the two coverage `Metric`s, whose aggregate is the token mean of a
+    float64 full softmax of the very logits the model returned; with
+    VLLM_SAMPLING_MASK_COVERAGE=0 they are absent. `engine.module` is the bare demo
+    model (what `initialize()` would wrap in FSDP, not run on this CPU host)."""
+    from vllm_sampling_mask.config import COVERAGE
+
+    assert getattr(type(verl_engine).forward_step, adapter._MARK, False)
+    if not torch.cuda.is_available():
+        # verl's device calls (`get_device_id()`, `get_device_name()` in
+        # forward_backward_batch / forward_step, transformer_impl.py:1552, 1582) name
+        # CUDA here: the CPU host's platform of examples/verl_cpu_host.py answers them
+        import sys
+
+        from verl.plugin.platform import platform_manager
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+        try:
+            import verl_cpu_host
+        finally:
+            sys.path.pop(0)
+        monkeypatch.setattr(platform_manager, "_current_platform", verl_cpu_host.PlatformCPU())
+    monkeypatch.setattr(verl_engine, "module", demo_lm, raising=False)
+    monkeypatch.setattr(verl_engine, "_autocast_dtype", torch.float32, raising=False)
+    seen = []
+    data, masks = _coverage_batch(demo_lm)
+    handle = demo_lm.register_forward_hook(lambda m, a, out: seen.append(out.logits[0]))
+    try:
+        out = verl_engine.forward_backward_batch(data, loss_function=None, forward_only=True)
+        assert len(seen) == len(PROMPTS)       # one micro-batch per sample, in order
+        mass, size = _direct_coverage(seen, masks, 0.8)
+        logged = out["metrics"]
+        got_mass = logged[adapter.COVERAGE_METRICS[0]].aggregate()
+        got_size = logged[adapter.COVERAGE_METRICS[1]].aggregate()
+        print(f"mass outside {got_mass:.6f} (direct {mass:.6f}), size {got_size:.3f}")
+        assert abs(got_mass - mass) < 1e-5 and 0.0 < mass < 1.0
+        assert abs(got_size - size) < 1e-9
+        monkeypatch.setenv(COVERAGE, "0")
+        data, _ = _coverage_batch(demo_lm)
+        out = verl_engine.forward_backward_batch(data, loss_function=None, forward_only=True)
+        assert not set(adapter.COVERAGE_METRICS) & set(out["metrics"])
+        monkeypatch.setenv(COVERAGE, "maybe")
+        with pytest.raises(ValueError, match=f"{COVERAGE} must be 1 .* or 0"):
+            verl_engine.forward_backward_batch(_coverage_batch(demo_lm)[0], loss_function=None,
+                                               forward_only=True)
+    finally:
+        handle.remove()

@@ -102,3 +102,14 @@ def test_without_masks_the_same_metrics_show_the_full_softmaxs_mismatch(runs):
         assert m["rollout_corr/rollout_is_mean"] < 0.99, (step, m["rollout_corr/rollout_is_mean"])
         assert m["rollout_corr/rollout_is_min"] < 0.9
         assert m["training/rollout_probs_diff_max"] > 1e-2
+
+
+def test_with_masks_verl_logs_the_supports_coverage(runs):
+    """update_actor's metrics carry the coverage (verl prefixes them `actor/`); the
+    control, without masks, has none."""
+    masked, stock = runs
+    for m in masked:
+        assert 0.0 <= m["actor/sampling_mask/mass_outside_support"] < 1.0, m
+        assert m["actor/sampling_mask/support_size"] >= 1.0, m
+    for m in stock:
+        assert "actor/sampling_mask/mass_outside_support" not in m

@@ -32,7 +32,15 @@ every process of the job: the launcher below does that), each patch a record in
 - `old_logprobs`: `make_experience` / `_dispatch_forward` send each micro-batch's
   masks to the policy and reference actors' `forward`, which pass them to
   `Actor.forward`.
-- `train_step`: `training_step` passes the experience's masks to `Actor.forward`.
+- `train_step`: `training_step` passes the experience's masks to `Actor.forward`,
+  and returns in its status the support's coverage at the current weights:
+  `sampling_mask/mass_outside_support` (the full softmax's probability outside each
+  action token's support, `training.support_coverage`, mean over the tokens with a
+  support) and `sampling_mask/support_size` (their mean support size), computed
+  without gradient from the logits `Actor.forward` already selected, weighted
+  "token" as OpenRLHF weighs its losses over micro-batches and ranks.
+  `VLLM_SAMPLING_MASK_COVERAGE=0` (in the driver's environment: the launcher passes
+  it to every worker) turns it off.
 - `actor_forward`: `Actor.forward`, given masks, takes each action token's
   log-probability over its support (`training.nucleus_logprobs` on the
   temperature-scaled logits; rows without a mask keep the full softmax,
@@ -70,9 +78,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ["MASK_KEY", "PATCHES", "install", "runtime_env", "observation_rows",
-           "action_rows", "support_log_probs", "packed_support_log_probs",
-           "masks_for_forward", "main"]
+__all__ = ["MASK_KEY", "PATCHES", "COVERAGE_METRICS", "install", "runtime_env",
+           "observation_rows", "action_rows", "support_log_probs",
+           "packed_support_log_probs", "masks_for_forward", "coverage_status", "main"]
 
 # the key in the executor's dict and the Experience field
 MASK_KEY = "sampling_mask"
@@ -122,7 +130,8 @@ PATCHES: tuple[Patch, ...] = (
           "the forward calls take sequences, action_mask and attention_mask only",
           "those forwards take per-token supports", "old_logprobs"),
     Patch("train_step", (M_PPO_ACTOR,),
-          "ActorPPOTrainer.training_step passes the experience's masks to Actor.forward",
+          "ActorPPOTrainer.training_step passes the experience's masks to Actor.forward "
+          "and logs the support's coverage in its status",
           "it calls Actor.forward with sequences and masks only",
           "Actor.forward takes per-token supports", "train_step"),
     Patch("actor_forward", (M_ACTOR,),
@@ -136,11 +145,17 @@ _installed = False
 
 def runtime_env(env_vars: Optional[dict] = None) -> dict:
     """The Ray runtime environment of a masked OpenRLHF job: `install` in every worker
-    and the engine flag in its environment (plus `env_vars`)."""
+    and the engine flag in its environment, VLLM_SAMPLING_MASK_COVERAGE where the
+    driver has it (plus `env_vars`)."""
     from vllm_sampling_mask.config import RETURN
 
+    import os
+
+    from vllm_sampling_mask.config import COVERAGE
+
+    passed = {COVERAGE: os.environ[COVERAGE]} if COVERAGE in os.environ else {}
     return {"worker_process_setup_hook": f"{__name__}.install",
-            "env_vars": {RETURN: "1", **(env_vars or {})}}
+            "env_vars": {RETURN: "1", **passed, **(env_vars or {})}}
 
 
 def install() -> None:
@@ -228,45 +243,68 @@ def _supports_at(masks, b_idx: np.ndarray, t_idx: np.ndarray):
     return ids.astype(np.int32), offsets
 
 
-def _values_at(flat, rows, b_idx, t_idx, sequences, masks):
+def _values_at(flat, rows, b_idx, t_idx, sequences, masks, coverage=False):
     """Log-probabilities of `sequences[b, t + 1]` from `flat[rows]` at the positions
-    `(b_idx, t_idx)`, over each position's support (the full softmax without one)."""
+    `(b_idx, t_idx)`, over each position's support (the full softmax without one);
+    with `coverage`, also their `Coverage` (`training.support_coverage` on the same
+    selected logits, without gradient), else None."""
     import torch
 
-    from vllm_sampling_mask.training import nucleus_logprobs
+    from vllm_sampling_mask.training import nucleus_logprobs, support_coverage
 
     device = flat.device
     logits = flat.index_select(0, torch.as_tensor(rows, device=device))
     labels = sequences[torch.as_tensor(b_idx, device=sequences.device),
                        torch.as_tensor(t_idx + 1, device=sequences.device)].to(device)
     ids, offsets = _supports_at(masks, b_idx, t_idx)
-    return nucleus_logprobs(logits, labels, (torch.as_tensor(ids, device=device),
-                                             torch.as_tensor(offsets, device=device)),
-                            empty_support="full")
+    packed = (torch.as_tensor(ids, device=device), torch.as_tensor(offsets, device=device))
+    values = nucleus_logprobs(logits, labels, packed, empty_support="full")
+    cover = support_coverage(logits.detach(), packed) if coverage else None
+    return values, cover
 
 
-def support_log_probs(logits, sequences, masks, columns: int):
+def _grid(cover, index, batch: int, columns: int):
+    """A `Coverage`'s mass outside and sizes at the flat grid positions `index` as
+    `[batch, columns]` tensors (0 elsewhere)."""
+    mass = cover.mass_outside.new_zeros(batch * columns)
+    sizes = cover.sizes.new_zeros(batch * columns)
+    index = index.to(mass.device)
+    return (mass.index_put((index,), cover.mass_outside).view(batch, columns),
+            sizes.index_put((index,), cover.sizes.to(mass.device)).view(batch, columns))
+
+
+def support_log_probs(logits, sequences, masks, columns: int, coverage: bool = False):
     """Log-probabilities `[B, columns]` of `sequences[:, 1:]` (column j: the token at
     j + 1, predicted by logits row j) over each token's support, where `masks[b]`
     (`(ids, offsets)` over the sample's first columns) gives one; the full softmax
     elsewhere (`empty_support="full"`). `logits` `[B, T, V]` are already divided by the
-    temperature. Differentiable in `logits`."""
+    temperature. Differentiable in `logits`.
+
+    With `coverage`, returns `(log_probs, (mass_outside, sizes))`, the last two
+    `[B, columns]` without gradient (`training.support_coverage`; 0 where a column has
+    no support)."""
+    import torch
+
     batch, length, _ = logits.shape
     if columns > length - 1:
         raise ValueError(f"{columns} columns but sequences of {length} tokens")
     b_idx = np.repeat(np.arange(batch), columns)
     t_idx = np.tile(np.arange(columns), batch)
-    values = _values_at(logits.reshape(batch * length, -1), b_idx * length + t_idx,
-                        b_idx, t_idx, sequences, masks)
-    return values.view(batch, columns)
+    values, cover = _values_at(logits.reshape(batch * length, -1), b_idx * length + t_idx,
+                               b_idx, t_idx, sequences, masks, coverage)
+    if not coverage:
+        return values.view(batch, columns)
+    index = torch.arange(batch * columns)
+    return values.view(batch, columns), _grid(cover, index, batch, columns)
 
 
-def packed_support_log_probs(logits, sequences, attention_mask, masks, columns: int):
+def packed_support_log_probs(logits, sequences, attention_mask, masks, columns: int,
+                             coverage: bool = False):
     """`support_log_probs` for OpenRLHF's packed layout (`--ds.packing_samples`):
     `logits` `[1, N, V]` are those of the N tokens where `attention_mask` `[B, T]` is
     set, in row-major order (OpenRLHF's `unpad_and_slice_tensor`, one ring-attention
     rank). Columns of padding tokens read 0, as OpenRLHF's `gather_and_pad_tensor`
-    leaves them. Differentiable in `logits`."""
+    leaves them. Differentiable in `logits`. `coverage` as in `support_log_probs`."""
     import torch
 
     batch, length = sequences.shape
@@ -279,11 +317,14 @@ def packed_support_log_probs(logits, sequences, attention_mask, masks, columns: 
                          "tokens (ring attention splits them: --ds.ring_attn_size 1)")
     b_idx, t_idx = where // length, where % length
     keep = t_idx < columns
-    values = _values_at(flat, np.nonzero(keep)[0], b_idx[keep], t_idx[keep], sequences,
-                        masks)
+    values, cover = _values_at(flat, np.nonzero(keep)[0], b_idx[keep], t_idx[keep],
+                               sequences, masks, coverage)
     out = values.new_zeros(batch * columns)
     index = torch.as_tensor(b_idx[keep] * columns + t_idx[keep], device=values.device)
-    return out.index_put((index,), values).view(batch, columns)
+    log_probs = out.index_put((index,), values).view(batch, columns)
+    if not coverage:
+        return log_probs
+    return log_probs, _grid(cover, index, batch, columns)
 
 
 # -- the masks for the next Actor.forward ----------------------------------------------
@@ -505,16 +546,46 @@ def patch_old_logprobs(module) -> None:
 # -- train_step ------------------------------------------------------------------------
 
 
+COVERAGE_METRICS = ("sampling_mask/mass_outside_support", "sampling_mask/support_size")
+# the training step's coverage sums, filled by Actor.forward (None: not asked for)
+_coverage_sums: contextvars.ContextVar = contextvars.ContextVar("openrlhf_coverage",
+                                                               default=None)
+
+
+def coverage_status(sums) -> dict:
+    """The two coverage means from `[mass outside, support size, tokens]` sums."""
+    mass, size, count = sums
+    return {COVERAGE_METRICS[0]: mass / count, COVERAGE_METRICS[1]: size / count}
+
+
 def patch_train_step(module) -> None:
-    """`training_step` passes the experience's masks to `Actor.forward`."""
+    """`training_step` passes the experience's masks to `Actor.forward` and, unless
+    VLLM_SAMPLING_MASK_COVERAGE=0, puts the coverage of its action tokens with a
+    support in the status it returns (two 0-d tensors weighted "token", as OpenRLHF
+    weighs its per-token losses)."""
 
     def make(original):
         def training_step(self, experience, *args, **kwargs):
+            import torch
+
+            from vllm_sampling_mask.config import coverage_enabled
+
             masks = getattr(experience, MASK_KEY, None)
             if not _has_masks(masks):
                 return original(self, experience, *args, **kwargs)
-            with masks_for_forward(masks):
-                return original(self, experience, *args, **kwargs)
+            sums = [0.0, 0.0, 0] if coverage_enabled() else None
+            token = _coverage_sums.set(sums)
+            try:
+                with masks_for_forward(masks):
+                    status = original(self, experience, *args, **kwargs)
+            finally:
+                _coverage_sums.reset(token)
+            if sums is not None and sums[2] > 0 and isinstance(status, dict) \
+                    and "metrics" in status:
+                for name, value in coverage_status(sums).items():
+                    status["metrics"][name] = torch.tensor(value, dtype=torch.float64)
+                    status.setdefault("weights", {})[name] = "token"
+            return status
         return training_step
 
     _wrap(module.ActorPPOTrainer, "training_step", make)
@@ -545,11 +616,21 @@ def patch_actor_forward(module) -> None:
             _, output = original(self, sequences, action_mask, attention_mask, *args,
                                  return_output=True, **kwargs)
             columns = sequences.shape[1] - 1
+            sums = _coverage_sums.get()
+            coverage = sums is not None
             if packed:
                 log_probs = packed_support_log_probs(output["logits"], sequences,
-                                                     attention_mask, masks, columns)
+                                                     attention_mask, masks, columns, coverage)
             else:
-                log_probs = support_log_probs(output["logits"], sequences, masks, columns)
+                log_probs = support_log_probs(output["logits"], sequences, masks, columns,
+                                              coverage)
+            if coverage:
+                log_probs, (mass, sizes) = log_probs
+                actions = slice(-action_mask.shape[1], None)
+                keep = action_mask.bool().to(sizes.device) & (sizes[:, actions] > 0)
+                sums[0] += float(mass[:, actions][keep].double().sum())
+                sums[1] += float(sizes[:, actions][keep].double().sum())
+                sums[2] += int(keep.sum())
             action_log_probs = log_probs[:, -action_mask.shape[1]:] * action_mask.float()
             return (action_log_probs, output) if want_output else action_log_probs
         return forward

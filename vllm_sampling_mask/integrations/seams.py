@@ -119,6 +119,9 @@ SK_SUPPORT = "skyrl.backends.skyrl_train.utils.sample_support"
 SK_PREP = "skyrl.train.dataset.preprocess"
 SK_REPLAY = "skyrl.backends.skyrl_train.utils.sample_support_replay"
 SK_CONFIG = "skyrl.train.config.config"
+SK_WRAPPER = "skyrl.backends.skyrl_train.workers.model_wrapper"
+SK_WORKER = "skyrl.backends.skyrl_train.workers.worker"
+SK_WORKER_UTILS = "skyrl.backends.skyrl_train.workers.worker_utils"
 
 SKYRL_SEAMS: dict[str, tuple[Entry, ...]] = {
     # turned on by SkyRL's configuration: engine_init_kwargs become the server's
@@ -192,6 +195,24 @@ SKYRL_SEAMS: dict[str, tuple[Entry, ...]] = {
             "compute_entropy", "entropy_requires_grad", "lm_head_weight", "temperature",
             "chunk_size")),
     ),
+    # the coverage metric: the FSDP forward's replay call (by its module name, on the
+    # temperature-scaled logits), and the micro-batch status the worker reduces
+    "trainer.metrics": (
+        Name(SK_WRAPPER, "score_aligned_sample_support"),
+        SourceUses(SK_WRAPPER, "HFModelWrapper.forward", (
+            "logits_BSV.div_(temperature)", "support_scores = score_aligned_sample_support(",
+            "logits_BSV,", "support_channels.row_ids,", "support_channels.loss_mask,",
+            "sample_support,")),
+        Function(SK_WORKER, "PolicyWorkerBase._forward_backward_micro", (
+            "self", "experience", "microbatch_weight", "loss_fn", "loss_fn_config",
+            "return_per_token_outputs")),
+        SourceUses(SK_WORKER, "PolicyWorkerBase._forward_backward_micro", (
+            "self.cfg.algorithm.enable_sample_support_replay", "return status")),
+        SourceUses(SK_WORKER, "PolicyWorkerBase.forward_backward", (
+            "metrics = self._forward_backward_micro(",
+            "result = reduce_metrics(all_metrics, sum_loss_metrics=True)")),
+        SourceUses(SK_WORKER_UTILS, "reduce_metrics", ("Default reduction is mean.",)),
+    ),
 }
 
 
@@ -214,6 +235,8 @@ V_ENGINE_UTILS = "verl.workers.engine.utils"
 V_TD = "verl.utils.tensordict_utils"
 V_PAD = "verl.workers.utils.padding"
 V_CORR = "verl.trainer.ppo.rollout_corr_helper"
+V_METRIC = "verl.utils.metric.utils"
+V_WORKERS = "verl.workers.engine_workers"
 
 VERL_SEAMS: dict[str, tuple[Entry, ...]] = {
     # the plugin: verl's vLLM version read (made right by the metadata alias first);
@@ -277,6 +300,27 @@ VERL_SEAMS: dict[str, tuple[Entry, ...]] = {
             "compute_rollout_correction_and_add_to_batch(data, rollout_corr_config)",)),
         Function(V_CORR, "compute_rollout_correction_and_add_to_batch", (
             "batch", "rollout_corr_config")),
+    ),
+    # the coverage metric: forward_step's metrics dict, one per micro-batch, gathered by
+    # forward_backward_batch, Metric("sum") aggregated over micro-batches (mean over dp)
+    "metrics": (
+        Function(V_ENGINE, "FSDPEngineWithLMHead.forward_step", (
+            "self", "micro_batch", "loss_function", "forward_only")),
+        SourceUses(V_ENGINE, "FSDPEngineWithLMHead.forward_step", (
+            '"metrics": metrics,', "return loss, output")),
+        Function(V_ENGINE, "FSDPEngine.forward_backward_batch", (
+            "self", "data", "loss_function", "forward_only")),
+        SourceUses(V_ENGINE, "FSDPEngine.forward_backward_batch", (
+            "self.forward_step(micro_batch, loss_function=loss_function, "
+            "forward_only=forward_only)",
+            "postprocess_batch_func(output_lst=output_lst, indices=indices, data=data)")),
+        SourceUses(V_ENGINE_UTILS, "postprocess_batch_func", (
+            'append_to_dict(aggregated_metrics, metrics)',)),
+        Function(V_METRIC, "Metric.__init__", ("self", "aggregation", "value")),
+        Name(V_METRIC, "AggregationType.SUM"),
+        SourceUses(V_METRIC, "Metric.aggregate_dp", ("np.mean(value_arrays, axis=0)",)),
+        SourceUses(V_WORKERS, "TrainingWorker.train_mini_batch", (
+            "Metric.aggregate_dp(val)",)),
     ),
     # multi-turn: each turn's mask placed on the response through verl's Continuous
     # Token merges (the edits align_response_metadata makes to response_mask)
@@ -412,6 +456,15 @@ OPENRLHF_SEAMS: dict[str, tuple[Entry, ...]] = {
             "action_log_probs, output = self.actor(",
             "old_action_log_probs = experience.action_log_probs",
             "rollout_log_probs=experience.rollout_log_probs")),
+        # the coverage metric: the status dict training_step returns, its entries
+        # weighted "token" by ppo_train over micro-batches and ranks
+        SourceUses(O_PPO_ACTOR, "ActorPPOTrainer.training_step", (
+            '"metrics": metrics,', '"weights": weights,')),
+        SourceUses(O_PPO_ACTOR, "ActorPPOTrainer.ppo_train", (
+            "status = self.training_step(experience, kl_ctl, step, loss_batch_info)",
+            'scale = n_tokens if weight == "token" else n_samples',
+            "value.float().mean().item() * scale",
+            "reduced_status = self.strategy.all_reduce(reduced_status)")),
     ),
     # Actor.forward: temperature-scaled float32 logits, column j predicts token j + 1;
     # PolicyLoss's correction compares old and rollout log-probabilities

@@ -38,6 +38,21 @@ logit (common in bfloat16). Such a completion is never cut: the route answers HT
 set to that many or more, every row of the run has that width (the trainer scores
 over the padded rows as over any others).
 
+The coverage metric. In SkyRL's trainer (`PolicyWorkerBase._forward_backward_micro`,
+FSDP backend, `trainer.algorithm.enable_sample_support_replay`), each micro-batch's
+status gets `sampling_mask/mass_outside_support` (the trainer's full-softmax
+probability outside each loss token's replayed support at the current weights,
+`training.support_coverage`, mean over the loss tokens with a support) and
+`sampling_mask/support_size` (their mean support size); SkyRL averages them over
+micro-batches and data-parallel ranks like its `policy_entropy`. They are computed
+without gradient from the temperature-scaled logits the replay's
+`score_aligned_sample_support` already receives, `COVERAGE_ROWS` rows at a time (one
+`[rows, V]` float32 chunk more; SkyRL's replay itself scores the support's pairs only,
+so the full softmax's log-sum-exp is this metric's own pass over the logits).
+`VLLM_SAMPLING_MASK_COVERAGE=0` turns it off. The package's site hook registers the
+two trainer patches (`patch_model_wrapper`, `patch_worker`) for when SkyRL imports
+those modules, in every process of the job.
+
 Importing this module imports neither vLLM nor SkyRL; the route imports them when
 it is installed in a server.
 """
@@ -50,7 +65,8 @@ import numpy as np
 
 __all__ = ["ROUTE", "WIDTH_OPTION", "MIDDLEWARE", "SupportWidthError",
            "engine_init_kwargs", "support_width", "support_rows", "SampleSupportRoute",
-           "install_route"]
+           "install_route", "COVERAGE_METRICS", "MODEL_WRAPPER", "WORKER",
+           "coverage_sums", "replay_coverage", "patch_model_wrapper", "patch_worker"]
 
 ROUTE = "/skyrl/v1/generate"
 # The server argument (an `engine_init_kwargs` entry) that fixes the width.
@@ -301,3 +317,116 @@ class SampleSupportRoute:
             install_route(scope["app"])
             self._installed = True
         await self.app(scope, receive, send)
+
+
+# -- the coverage metric, in SkyRL's trainer -------------------------------------------
+
+import contextlib  # noqa: E402
+import contextvars  # noqa: E402
+import functools  # noqa: E402
+
+COVERAGE_METRICS = ("sampling_mask/mass_outside_support", "sampling_mask/support_size")
+MODEL_WRAPPER = "skyrl.backends.skyrl_train.workers.model_wrapper"
+WORKER = "skyrl.backends.skyrl_train.workers.worker"
+COVERAGE_ROWS = 256     # logits rows of one chunk of the coverage pass
+_MARK = "_vllm_sampling_mask_skyrl"
+_sums: contextvars.ContextVar = contextvars.ContextVar("skyrl_coverage", default=None)
+
+
+@contextlib.contextmanager
+def coverage_sums():
+    """Collect `[mass outside, support size, tokens]` over the replays inside (a list
+    yielded, summed over the loss tokens with a support)."""
+    sums = [0.0, 0.0, 0]
+    token = _sums.set(sums)
+    try:
+        yield sums
+    finally:
+        _sums.reset(token)
+
+
+def replay_coverage(logits, row_ids, loss_mask, sample_support, chunk_rows=COVERAGE_ROWS):
+    """`[mass outside, support size, tokens]` summed over the positions where
+    `loss_mask` is set and `row_ids` names a row of `sample_support` (SkyRL's
+    `PackedTensor` of `[tokens, width]` rows, -1 padded): the full softmax of
+    `logits` `[..., V]` (already temperature-scaled) outside each row's ids. No
+    gradient; `chunk_rows` logits rows gathered at a time."""
+    import torch
+
+    from vllm_sampling_mask.training import support_coverage
+
+    with torch.no_grad():
+        vocab = logits.shape[-1]
+        flat = logits.reshape(-1, vocab)
+        rows = row_ids.reshape(-1).to(flat.device)
+        where = torch.nonzero((rows >= 0) & loss_mask.reshape(-1).to(flat.device).bool())
+        where = where.flatten()
+        values = sample_support.values.to(flat.device)
+        mass = size = 0.0
+        count = 0
+        for a in range(0, where.numel(), chunk_rows):
+            at = where[a:a + chunk_rows]
+            support = values.index_select(0, rows.index_select(0, at)).long()
+            keep = support >= 0
+            sizes = keep.sum(dim=1)
+            offsets = torch.zeros(len(at) + 1, dtype=torch.long, device=flat.device)
+            offsets[1:] = sizes.cumsum(0)
+            cover = support_coverage(flat.index_select(0, at), (support[keep], offsets),
+                                     chunk_rows=chunk_rows)
+            has = cover.sizes > 0
+            mass += float(cover.mass_outside[has].double().sum())
+            size += float(cover.sizes[has].double().sum())
+            count += int(has.sum())
+    return [mass, size, count]
+
+
+def patch_model_wrapper(module) -> None:
+    """The FSDP `HFModelWrapper.forward`'s replay (`score_aligned_sample_support`, the
+    name in its module) also adds each call's coverage to an open `coverage_sums`."""
+    original = module.score_aligned_sample_support
+    if getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def score_aligned_sample_support(aligned_source, aligned_sampled_ids, aligned_row_ids,
+                                     aligned_loss_mask, sample_support, *args, **kwargs):
+        scores = original(aligned_source, aligned_sampled_ids, aligned_row_ids,
+                          aligned_loss_mask, sample_support, *args, **kwargs)
+        sums = _sums.get()
+        if sums is not None and kwargs.get("lm_head_weight") is None:
+            # FSDP: aligned_source is the unsharded, temperature-scaled logits
+            got = replay_coverage(aligned_source, aligned_row_ids, aligned_loss_mask,
+                                  sample_support)
+            for i, value in enumerate(got):
+                sums[i] += value
+        return scores
+
+    setattr(score_aligned_sample_support, _MARK, True)
+    module.score_aligned_sample_support = score_aligned_sample_support
+
+
+def patch_worker(module) -> None:
+    """`PolicyWorkerBase._forward_backward_micro` (with sample-support replay on)
+    puts the micro-batch's two coverage means in the status it returns, unless
+    VLLM_SAMPLING_MASK_COVERAGE=0."""
+    cls = module.PolicyWorkerBase
+    original = cls._forward_backward_micro
+    if getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def _forward_backward_micro(self, *args, **kwargs):
+        from vllm_sampling_mask.config import coverage_enabled
+
+        if not (self.cfg.algorithm.enable_sample_support_replay and coverage_enabled()):
+            return original(self, *args, **kwargs)
+        with coverage_sums() as sums:
+            status = original(self, *args, **kwargs)
+        mass, size, count = sums
+        if count and isinstance(status, dict):
+            status[COVERAGE_METRICS[0]] = mass / count
+            status[COVERAGE_METRICS[1]] = size / count
+        return status
+
+    setattr(_forward_backward_micro, _MARK, True)
+    cls._forward_backward_micro = _forward_backward_micro

@@ -234,18 +234,29 @@ def support_log_probs(logits, labels, temperature, seq_ends, response_lens, mask
     `labels[r]`), `temperature` `[rows]` per row; `seq_ends`, `response_lens` and
     `masks` per sample. Returns `(rows, values)`: the rows of `response_rows` as an
     int64 tensor, and their log-probabilities (differentiable in `logits`)."""
+    rows, values, _ = _support_pass(logits, labels, temperature, seq_ends, response_lens,
+                                    masks, coverage=False)
+    return rows, values
+
+
+def _support_pass(logits, labels, temperature, seq_ends, response_lens, masks, coverage):
+    """`support_log_probs`, plus, with `coverage`, the response rows' `Coverage`
+    (`training.support_coverage` on the same selected logits, without gradient)."""
     import torch
 
-    from vllm_sampling_mask.training import nucleus_logprobs
+    from vllm_sampling_mask.training import nucleus_logprobs, support_coverage
 
     rows = torch.as_tensor(response_rows(seq_ends, response_lens), device=logits.device)
     ids, offsets = _packed_masks(masks, response_lens)
-    values = nucleus_logprobs(
-        logits.index_select(0, rows), labels.index_select(0, rows),
-        (torch.as_tensor(ids, device=logits.device),
-         torch.as_tensor(offsets, device=logits.device)),
-        temperature.index_select(0, rows), empty_support="full")
-    return rows, values
+    packed = (torch.as_tensor(ids, device=logits.device),
+              torch.as_tensor(offsets, device=logits.device))
+    selected = logits.index_select(0, rows)
+    temperature = temperature.index_select(0, rows)
+    values = nucleus_logprobs(selected, labels.index_select(0, rows), packed, temperature,
+                              empty_support="full")
+    cover = support_coverage(selected.detach(), packed, temperature.detach()) \
+        if coverage else None
+    return rows, values, cover
 
 
 def splice_log_probs(log_probs, rows, values):
@@ -286,9 +297,12 @@ def _response_lens(micro_batch, masks) -> list[int]:
 
 
 def _masked_rows(self, output, output_args, micro_batch, masks, tu):
-    """The response rows and their support log-probabilities, from the raw logits
-    (read before verl scales them)."""
+    """The response rows, their support log-probabilities and (unless
+    VLLM_SAMPLING_MASK_COVERAGE=0) their `Coverage`, from the raw logits (read before
+    verl scales them)."""
     import torch
+
+    from vllm_sampling_mask.config import coverage_enabled
 
     _refuse(self, micro_batch, tu)
     input_ids = micro_batch["input_ids"]
@@ -313,8 +327,8 @@ def _masked_rows(self, output, output_args, micro_batch, masks, tu):
         flat = logits[sample, position]
         temperature = output_args["temperature"].to(logits.device).repeat_interleave(
             lengths.to(logits.device))
-    return support_log_probs(flat, labels, temperature.to(flat.device), seq_ends, lens,
-                             masks)
+    return _support_pass(flat, labels, temperature.to(flat.device), seq_ends, lens, masks,
+                         coverage=coverage_enabled())
 
 
 def patch_engine(module) -> None:
@@ -332,7 +346,9 @@ def patch_engine(module) -> None:
             return original(self, output, output_args, micro_batch, logits_processor_func)
         from verl.utils import tensordict_utils as tu
 
-        rows, values = _masked_rows(self, output, output_args, micro_batch, masks, tu)
+        rows, values, cover = _masked_rows(self, output, output_args, micro_batch, masks, tu)
+        if cover is not None:
+            self.__dict__[_COVER] = coverage_sums(cover)
         model_output = original(self, output, output_args, micro_batch, logits_processor_func)
         if model_output.get("log_probs") is not None:
             model_output["log_probs"] = splice_log_probs(model_output["log_probs"], rows, values)
@@ -340,6 +356,78 @@ def patch_engine(module) -> None:
 
     setattr(prepare_model_outputs, _MARK, True)
     cls.prepare_model_outputs = prepare_model_outputs
+    _patch_metrics(cls)
+
+
+# -- the coverage metric: forward_step's metrics ------------------------------------------
+
+COVERAGE_METRICS = ("sampling_mask/mass_outside_support", "sampling_mask/support_size")
+_COVER = "_vllm_sampling_mask_coverage"          # the micro-batch's sums
+_COVER_TOKENS = "_vllm_sampling_mask_coverage_tokens"   # the batch's tokens with a support
+
+
+def coverage_sums(cover) -> tuple[float, float, int]:
+    """`(mass outside, support size, tokens)` summed over the tokens with a support."""
+    masked = cover.sizes > 0
+    return (float(cover.mass_outside[masked].double().sum()),
+            float(cover.sizes[masked].double().sum()), int(masked.sum()))
+
+
+def batch_support_tokens(data) -> Optional[int]:
+    """The number of tokens with a non-empty support in a batch's `extra_fields`
+    (None when no sample carries a mask)."""
+    masks = sample_masks(data.get("extra_fields", None))
+    if masks is None:
+        return None
+    return int(sum((np.diff(mask_field(m)[1]) > 0).sum() for m in masks if m is not None))
+
+
+def _patch_metrics(cls) -> None:
+    """`forward_backward_batch` counts the batch's tokens with a support; each
+    `forward_step` adds its micro-batch's share of the two means to its `metrics`, as
+    verl `Metric`s aggregated by sum (verl sums a batch's micro-batches, averages the
+    data-parallel ranks and the mini-batches)."""
+    forward_backward_batch = cls.forward_backward_batch
+    forward_step = cls.forward_step
+    if getattr(forward_step, _MARK, False):
+        return
+
+    @functools.wraps(forward_backward_batch)
+    def counting_batch(self, data, *args, **kwargs):
+        from vllm_sampling_mask.config import coverage_enabled
+
+        self.__dict__[_COVER_TOKENS] = batch_support_tokens(data) if coverage_enabled() \
+            else None
+        try:
+            return forward_backward_batch(self, data, *args, **kwargs)
+        finally:
+            self.__dict__.pop(_COVER_TOKENS, None)
+
+    @functools.wraps(forward_step)
+    def metered_step(self, micro_batch, *args, **kwargs):
+        if not getattr(type(self).prepare_model_outputs, _MARK, False):
+            # a subclass with its own outputs (the critic's value head): no log-probs
+            return forward_step(self, micro_batch, *args, **kwargs)
+        self.__dict__.pop(_COVER, None)
+        loss, output = forward_step(self, micro_batch, *args, **kwargs)
+        sums = self.__dict__.pop(_COVER, None)
+        tokens = self.__dict__.get(_COVER_TOKENS)
+        if sums is None and not tokens:
+            return loss, output
+        mass, size, count = sums or (0.0, 0.0, 0)
+        tokens = tokens or count
+        if tokens:
+            from verl.utils.metric import Metric
+
+            metrics = output.setdefault("metrics", {})
+            metrics[COVERAGE_METRICS[0]] = Metric("sum", mass / tokens)
+            metrics[COVERAGE_METRICS[1]] = Metric("sum", size / tokens)
+        return loss, output
+
+    setattr(counting_batch, _MARK, True)
+    setattr(metered_step, _MARK, True)
+    cls.forward_backward_batch = counting_batch
+    cls.forward_step = metered_step
 
 
 # -- the multi-turn tool agent loop: ToolAgentLoop.run -----------------------------------
