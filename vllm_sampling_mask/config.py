@@ -18,7 +18,7 @@ TRITON_TOPK = "VLLM_SAMPLING_MASK_TRITON_TOPK"
 # `return_sampling_mask=True` had been passed (`LLM(...)`, `EngineArgs`, `vllm serve`):
 # the way in for a framework that builds `LLM(...)` itself with fixed arguments.
 RETURN = "VLLM_SAMPLING_MASK_RETURN"
-# VLLM_SAMPLING_MASK_COVERAGE=0: the verl and OpenRLHF adapters skip the support's
+# VLLM_SAMPLING_MASK_COVERAGE=0: the verl, OpenRLHF and SkyRL adapters skip the support's
 # coverage metric (default 1: logged where the trainer takes masked log-probabilities).
 COVERAGE = "VLLM_SAMPLING_MASK_COVERAGE"
 
