@@ -78,6 +78,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from vllm_sampling_mask.formats.packed_wire import offsets_of_counts
+
 __all__ = ["MASK_KEY", "PATCHES", "COVERAGE_METRICS", "install", "runtime_env",
            "observation_rows", "action_rows", "support_log_probs",
            "packed_support_log_probs", "masks_for_forward", "coverage_status", "main"]
@@ -206,7 +208,7 @@ def observation_rows(n_tokens: int, action_ranges: Sequence, masks: Sequence):
         pieces.append((start, ids[offsets[0]:offsets[-1]]))
     pieces.sort(key=lambda p: p[0])
     ids = np.concatenate([p[1] for p in pieces]) if pieces else np.zeros(0, np.int32)
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    offsets = offsets_of_counts(counts)
     return ids.astype(np.int32), offsets
 
 
@@ -239,7 +241,7 @@ def _supports_at(masks, b_idx: np.ndarray, t_idx: np.ndarray):
                          + np.arange(lens.sum())])
         counts[where[has]] = lens
     ids = np.concatenate(parts) if parts else np.zeros(0, np.int32)
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    offsets = offsets_of_counts(counts)
     return ids.astype(np.int32), offsets
 
 

@@ -53,6 +53,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from vllm_sampling_mask.formats.packed_wire import offsets_of_counts
+
 __all__ = ["MASK_FIELD", "SERVER_MODULE", "ENGINE_MODULE", "TOOL_LOOP_MODULE", "install",
            "mask_field", "sample_masks", "response_rows", "support_log_probs",
            "splice_log_probs", "patch_server", "patch_engine", "patch_tool_loop", "TurnMasks"]
@@ -511,8 +513,7 @@ class TurnMasks:
             raise ValueError(f"the turns' masks cover {len(self.rows)} tokens of a "
                              f"{n}-token response")
         rows = self.rows[:n]                  # verl cuts the response the same way
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        offsets[1:] = np.cumsum([len(r) for r in rows])
+        offsets = offsets_of_counts([len(r) for r in rows])
         ids = np.concatenate(rows).astype(np.int32) if rows else _EMPTY
         output.extra_fields[MASK_FIELD] = (ids, offsets)
         return output
