@@ -28,7 +28,25 @@ which calls `install_stand_ins`: the driver, Ray's workers, vLLM's engine-core
 process); each is installed only where torch has no CUDA and replaces the line named,
 nothing of SkyRL's logic:
 
-STAND_INS_LIST
+- `skyrl/backends/skyrl_train/workers/model_wrapper.py:13` imports
+  `flash_attn.bert_padding`, which does not build without CUDA: flash-attn's pure
+  tensor functions (tests/flash_attn_stand_in.py; `sdpa` attention never calls them).
+- `torch.cuda.current_device()` (workers/worker.py:1090, :1384, :1473, :1636, :1708,
+  :1782; distributed/strategy.py:84, :111-112; distributed/fsdp_strategy.py:144;
+  distributed/fsdp_utils.py:52, :83), `torch.cuda.set_device`
+  (fsdp_strategy.py:109), `torch.cuda.synchronize` and `torch.cuda.empty_cache`
+  (fsdp_strategy.py:132-133, :146; fsdp_utils.py:53): the CPU device, no-ops.
+- workers/worker.py:124-126 `init_process_group(backend="cpu:gloo,cuda:nccl")`
+  (NCCL refuses a host without GPUs): gloo.
+- workers/worker.py:134-136 and distributed/fsdp_utils.py:256, :259
+  `init_device_mesh("cuda", ...)`: a CPU mesh.
+- distributed/fsdp_utils.py:125, :127 (`buf.detach().cuda()`,
+  `torch.empty(..., device="cuda")`, the broadcast of non-persistent buffers at
+  FSDP2 load): the CPU.
+
+Not a CUDA line, on every host: inference_servers/vllm_router.py:128 (a log line,
+after the router is up) reads `RouterArgs.pd_disaggregation`, which vllm-router
+0.1.17 (the newest release) lacks; the harness gives the class that field (False).
 
 No stand-in touches `vllm_sampling_mask.integrations.skyrl`; the masked run turns it
 on through SkyRL's configuration exactly as on a CUDA host.
@@ -106,6 +124,14 @@ def install_stand_ins() -> None:
         torch.cuda.set_device = lambda device: None
         torch.cuda.synchronize = lambda device=None: None
         torch.cuda.empty_cache = lambda: None
+        init_process_group = torch.distributed.init_process_group
+
+        @functools.wraps(init_process_group)
+        def gloo_only(*args, backend=None, **kwargs):
+            if backend == "cpu:gloo,cuda:nccl":
+                backend = "gloo"
+            return init_process_group(*args, backend=backend, **kwargs)
+        torch.distributed.init_process_group = gloo_only
 
     @_on_import("torch.distributed.device_mesh")
     def _mesh(module):
@@ -214,6 +240,7 @@ def overrides(masks: bool, work: str, name: str) -> list[str]:
     fp32 = "{param_dtype: fp32, reduce_dtype: fp32, buffer_dtype: fp32}"
     args = [
         f"data.train_data=['{data}']",
+        "data.dataloader.num_workers=0",      # no 8 spawned loader processes
         f"trainer.policy.model.path={DEMO_MODEL}",
         f"trainer.run_name={name}", "trainer.logger=console",
         "trainer.strategy=fsdp",
@@ -250,9 +277,11 @@ def overrides(masks: bool, work: str, name: str) -> list[str]:
         "generator.inference_engine.distributed_executor_backend=mp",
         "generator.inference_engine.model_dtype=float32",
         "generator.inference_engine.enforce_eager=true",
+        "generator.inference_engine.enable_ray_prometheus_stats=false",
         "generator.inference_engine.enable_prefix_caching=false",
         "generator.inference_engine.weight_sync_backend=delta",
         f"generator.inference_engine.delta_weight_sync.sync_dir={work}/delta-{name}",
+        "generator.inference_engine.delta_weight_sync.publish_num_workers=1",
         f"generator.inference_engine.engine_init_kwargs={engine_kwargs}",
         f"environment.env_class={ENV_ID}",
     ]
