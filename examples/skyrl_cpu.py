@@ -20,7 +20,7 @@ With masks the run turns on SkyRL's sample-support replay and this package's rou
 (full-softmax trainer log-probabilities against the engine's truncated ones).
 Each step's log payload, as SkyRL's trainer hands it to its tracker
 (`Tracking.log`), is written as a JSON line; the script prints each step's
-`policy/is_ratio_mean` and `policy/rollout_train_logprobs_abs_diff_mean`.
+`policy/loss_metrics/is_ratio_mean` and `policy/rollout_train_logprobs_abs_diff_mean`.
 
 Stand-ins for SkyRL's CUDA-only lines, for this harness's processes only (every
 process started with examples/skyrl_cpu_site on PYTHONPATH runs its `sitecustomize`,
@@ -43,6 +43,13 @@ nothing of SkyRL's logic:
 - distributed/fsdp_utils.py:125, :127 (`buf.detach().cuda()`,
   `torch.empty(..., device="cuda")`, the broadcast of non-persistent buffers at
   FSDP2 load): the CPU.
+
+- weight_sync/delta/engine.py:83 (`finalize_layerwise_reload`): vLLM's CPU LM head
+  tied to the embedding (the demo model's) keeps its prepacked GEMM on the old
+  weights through that reload, so the rollout after a sync came from the new body
+  times the old embedding; after it, the harness re-runs the head's
+  `process_weights_after_loading`, as the overlay's `cpu_reload_tied_lm_head` does
+  after `Worker.reload_weights` (on CUDA the head reads its weight at call time).
 
 Not a CUDA line, on every host: inference_servers/vllm_router.py:128 (a log line,
 after the router is up) reads `RouterArgs.pd_disaggregation`, which vllm-router
@@ -68,7 +75,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TESTS = os.path.join(ROOT, "tests")
 SITE = os.path.join(HERE, "skyrl_cpu_site")     # its sitecustomize installs the stand-ins
-METRICS_ENV = "SKYRL_CPU_METRICS_DIR"
+METRICS_ENV = "SKYRL_CPU_METRICS_FILE"   # SkyRL passes SKYRL_* to its job
 ENV_ID = "skyrl_cpu_reward"
 
 PROMPTS = ["The cat sat on the", "Once upon a time", "1 2 3 4", "The weather today is"]
@@ -162,6 +169,28 @@ def install_stand_ins() -> None:
                 torch.Tensor.cuda, torch.empty = cuda, empty
         module._sync_non_persistent_buffers = _sync_non_persistent_buffers
 
+    @_on_import("skyrl.backends.skyrl_train.weight_sync.delta.engine")
+    def _tied_lm_head(module):
+        # vLLM's CPU LM head tied to the embedding keeps a prepacked copy of the old
+        # weights through a layerwise reload; the overlay's `cpu_reload_tied_lm_head`
+        # rebuilds it after `Worker.reload_weights`, but SkyRL's delta engine reloads
+        # through `finalize_layerwise_reload` (delta/engine.py:83): the same rebuild
+        # there (on CUDA the head reads its weight at call time)
+        cls = module.DeltaWeightTransferEngine
+        original = cls.finish_weight_update
+
+        @functools.wraps(original)
+        def finish_weight_update(self):
+            original(self)
+            from vllm.model_executor.layers.vocab_parallel_embedding import (
+                UnquantizedEmbeddingMethod)
+
+            from vllm_sampling_mask.patches.worker.fixes.cpu_reload_tied_lm_head import (
+                tied_embedding_layers)
+            for layer in tied_embedding_layers(self.model, UnquantizedEmbeddingMethod):
+                layer.quant_method.process_weights_after_loading(layer)
+        cls.finish_weight_update = finish_weight_update
+
     @_on_import("vllm_router.router_args", cpu_only=False)
     def _router_args(module):
         # not a CUDA stand-in: SkyRL's vllm_router.py:128 (a log line, after the
@@ -182,12 +211,11 @@ def install_stand_ins() -> None:
 
         @functools.wraps(original)
         def log(self, data, step, commit=False):
-            folder = os.environ.get(METRICS_ENV)
-            if folder and data:
+            path = os.environ.get(METRICS_ENV)
+            if path and data:
                 row = {k: float(v) for k, v in data.items()
                        if isinstance(v, (int, float)) and not isinstance(v, bool)}
                 row["step"] = step
-                path = os.path.join(folder, f"{self.experiment_name}.jsonl")
                 with open(path, "a") as f:
                     f.write(json.dumps(row) + "\n")
             return original(self, data, step, commit=commit)
@@ -282,6 +310,8 @@ def overrides(masks: bool, work: str, name: str) -> list[str]:
         "generator.inference_engine.weight_sync_backend=delta",
         f"generator.inference_engine.delta_weight_sync.sync_dir={work}/delta-{name}",
         "generator.inference_engine.delta_weight_sync.publish_num_workers=1",
+        f"generator.inference_engine.delta_weight_sync.local_checkpoint_dir={work}/delta-ckpt-{name}",
+        f"generator.inference_engine.delta_weight_sync.publish_staging_dir={work}/delta-staging-{name}",
         f"generator.inference_engine.engine_init_kwargs={engine_kwargs}",
         f"environment.env_class={ENV_ID}",
     ]
@@ -308,7 +338,7 @@ def run(masks: bool, address: str, work: str, timeout: float = 1500) -> list[dic
         os.remove(metrics)
     env = dict(os.environ)
     env["RAY_ADDRESS"] = address
-    env[METRICS_ENV] = work
+    env[METRICS_ENV] = metrics
     # SkyRL's rollout servers take ports from here on (past the head's own block)
     env["SKYRL_VLLM_START_PORT"] = str(int(address.rsplit(":", 1)[1]) + 50)
     cmd = [sys.executable, os.path.abspath(__file__), "--driver", "--",
@@ -378,7 +408,7 @@ def main() -> None:
                   f"{took:.0f} s")
             for s in steps:
                 print(f"  step {s['step']}: is_ratio_mean "
-                      f"{s.get('policy/is_ratio_mean', float('nan')):.6g}, "
+                      f"{s.get('policy/loss_metrics/is_ratio_mean', float('nan')):.6g}, "
                       f"rollout/train |logprob diff| mean "
                       f"{s.get('policy/rollout_train_logprobs_abs_diff_mean', float('nan')):.3g}, "
                       f"policy_loss {s.get('policy/policy_loss', float('nan')):.4g}, "

@@ -11,7 +11,7 @@ optimizer step (`train_critic_and_policy`), the weight sync to the server (SkyRL
   (`integrations.skyrl.engine_init_kwargs()` in SkyRL's `engine_init_kwargs`);
 - without them: SkyRL as shipped (the control).
 The figures are SkyRL's own: the payload its trainer logs each step
-(`policy/is_ratio_mean`, from its off-policy correction, and
+(`policy/loss_metrics/is_ratio_mean`, from its off-policy correction, and
 `policy/rollout_train_logprobs_abs_diff_mean`). The CPU-host stand-ins for SkyRL's
 CUDA-only lines are the harness's (its docstring lists each with the line it
 replaces); none touches the integration.
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skyrl
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "examples")
 
-IS_RATIO = "policy/is_ratio_mean"
+IS_RATIO = "policy/loss_metrics/is_ratio_mean"
 ABS_DIFF = "policy/rollout_train_logprobs_abs_diff_mean"
 
 
