@@ -187,7 +187,16 @@ def install_stand_ins() -> None:
 
             from vllm_sampling_mask.patches.worker.fixes.cpu_reload_tied_lm_head import (
                 tied_embedding_layers)
-            for layer in tied_embedding_layers(self.model, UnquantizedEmbeddingMethod):
+            model = self.model
+            head = getattr(model, "lm_head", None)
+            embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+            if (getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+                    and head is not None and embed is not None
+                    and head.weight is not embed.weight):
+                # the reload put the head's own old kernel tensors back
+                # (layerwise.py:262-268, "Failed to load weights"): tie it again
+                head.tie_weights(embed)
+            for layer in tied_embedding_layers(model, UnquantizedEmbeddingMethod):
                 layer.quant_method.process_weights_after_loading(layer)
         cls.finish_weight_update = finish_weight_update
 
