@@ -77,6 +77,11 @@ def test_row_width_is_the_top_k_or_the_servers_fixed_width():
     assert adapter.engine_init_kwargs(24)[WIDTH_OPTION] == 24
 
 
+def _need_skyrl():
+    pytest.importorskip("skyrl", reason="SkyRL is not installed (its environment: "
+                        "requirements/skyrl-0.4.0-cpu.txt, docs/rl_recipes.md 'SkyRL')")
+
+
 # -- SkyRL's rollout server on Ray, with a real engine ------------------------------
 
 
@@ -84,8 +89,7 @@ def test_row_width_is_the_top_k_or_the_servers_fixed_width():
 def ray_head():
     """A Ray head of our own (tests/ray_head.py); yields the first port of its block
     (the servers take ports from base + 50 on)."""
-    pytest.importorskip("skyrl", reason="SkyRL is not installed (its environment: "
-                        "requirements/skyrl-0.4.0-cpu.txt, docs/rl_recipes.md 'SkyRL')")
+    _need_skyrl()
     ray = pytest.importorskip("ray", reason="Ray is not installed")
     with own_ray_head(ray, num_cpus=4, prefix="skyrl-ray-") as base:
         yield base
@@ -373,6 +377,7 @@ def test_replays_coverage_equals_a_direct_full_softmax(monkeypatch):
     patched by the package's site hook) on CPU tensors of the demo model: the coverage
     it adds equals a float64 full softmax of the model's temperature-scaled logits over
     the loss tokens; outside `coverage_sums` nothing is collected."""
+    _need_skyrl()
     import torch
 
     from vllm_sampling_mask import DEMO_MODEL
@@ -415,6 +420,7 @@ def test_the_policy_workers_status_carries_the_coverage(monkeypatch):
     the demo model's `HFModelWrapper`, SkyRL's policy loss, an optimizer at learning
     rate 0. `torch.cuda.current_device` answers "cpu" for worker.py:1090
     (`experience.to_device(torch.cuda.current_device())`)."""
+    _need_skyrl()
     import importlib
 
     import torch
