@@ -27,7 +27,9 @@ from vllm_sampling_mask.training import pack_masks, support_coverage  # noqa: E4
 ROWS = 256      # MaskedGRPOTrainer's entropy chunk (integrations/trl.py _ENTROPY_ROWS)
 
 
-def _profile(fn):
+def profile_ops(fn) -> tuple[int, int]:
+    """(aten operator calls, bytes their leaf calls allocated) of `fn()` without
+    gradient, from torch's profiler."""
     from torch.profiler import ProfilerActivity, profile
     with torch.no_grad(), profile(activities=[ProfilerActivity.CPU],
                                   profile_memory=True) as prof:
@@ -52,7 +54,7 @@ def main() -> None:
                 for _ in range(T)]
         packed = pack_masks([SamplingMask.from_lists(rows)])
         empty = (torch.zeros(0, dtype=torch.int64), torch.zeros(T + 1, dtype=torch.int64))
-        off, on = (_profile(lambda: support_coverage(h, mask, 1.0, lm_head_weight=weight,
+        off, on = (profile_ops(lambda: support_coverage(h, mask, 1.0, lm_head_weight=weight,
                                                      entropy=True, chunk_rows=ROWS,
                                                      validate=False))
                    for mask in (empty, packed))

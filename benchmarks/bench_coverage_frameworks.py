@@ -35,16 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from vllm_sampling_mask.integrations import openrlhf, skyrl, verl  # noqa: E402
 
-
-def _profile(fn):
-    from torch.profiler import ProfilerActivity, profile
-    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU],
-                                  profile_memory=True) as prof:
-        fn()
-    events = [e for e in prof.events() if e.name.startswith("aten::")]
-    allocated = sum(max(e.cpu_memory_usage, 0) for e in events
-                    if not any(c.name.startswith("aten::") for c in e.cpu_children))
-    return len(events), allocated
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_coverage_cost import profile_ops as _profile  # noqa: E402
 
 
 def _best(fn, repeat):
