@@ -362,8 +362,7 @@ def replay_coverage(logits, row_ids, loss_mask, sample_support, chunk_rows=COVER
         where = torch.nonzero((rows >= 0) & loss_mask.reshape(-1).to(flat.device).bool())
         where = where.flatten()
         values = sample_support.values.to(flat.device)
-        mass = size = 0.0
-        count = 0
+        total = torch.zeros(3, dtype=torch.float64, device=flat.device)
         for a in range(0, where.numel(), chunk_rows):
             at = where[a:a + chunk_rows]
             support = values.index_select(0, rows.index_select(0, at)).long()
@@ -374,10 +373,10 @@ def replay_coverage(logits, row_ids, loss_mask, sample_support, chunk_rows=COVER
             cover = support_coverage(flat.index_select(0, at), (support[keep], offsets),
                                      chunk_rows=chunk_rows)
             has = cover.sizes > 0
-            mass += float(cover.mass_outside[has].double().sum())
-            size += float(cover.sizes[has].double().sum())
-            count += int(has.sum())
-    return [mass, size, count]
+            total += torch.stack([cover.mass_outside[has].double().sum(),
+                                  cover.sizes[has].double().sum(), has.sum().double()])
+        mass, size, count = total.tolist()           # one host sync for the call
+    return [mass, size, int(count)]
 
 
 def patch_model_wrapper(module) -> None:
