@@ -74,6 +74,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import os
 from typing import Optional, Sequence
 
 import numpy as np
@@ -100,7 +101,8 @@ M_ACTOR = "openrlhf.models.actor"
 @dataclasses.dataclass(frozen=True)
 class Patch:
     """One change to OpenRLHF, recorded like the overlay's vLLM patches: `install`
-    registers its one hook, `patch_<name>`, for each of its `modules`."""
+    registers its one hook (the function `@hook(name)` marks) for each of its
+    `modules`."""
 
     name: str
     modules: tuple[str, ...]
@@ -149,11 +151,7 @@ def runtime_env(env_vars: Optional[dict] = None) -> dict:
     """The Ray runtime environment of a masked OpenRLHF job: `install` in every worker
     and the engine flag in its environment, VLLM_SAMPLING_MASK_COVERAGE where the
     driver has it (plus `env_vars`)."""
-    from vllm_sampling_mask.config import RETURN
-
-    import os
-
-    from vllm_sampling_mask.config import COVERAGE
+    from vllm_sampling_mask.config import COVERAGE, RETURN
 
     passed = {COVERAGE: os.environ[COVERAGE]} if COVERAGE in os.environ else {}
     return {"worker_process_setup_hook": f"{__name__}.install",
@@ -175,8 +173,19 @@ def install() -> None:
 
     for patch in PATCHES:
         for module in patch.modules:
-            wrapt.register_post_import_hook(globals()[f"patch_{patch.name}"], module)
+            wrapt.register_post_import_hook(HOOKS[patch.name], module)
     _installed = True
+
+
+HOOKS: dict = {}   # a record's name -> its hook (`hook`); checked against PATCHES below
+
+
+def hook(name: str):
+    """Mark the decorated function as the hook of the record named `name`."""
+    def register(function):
+        HOOKS[name] = function
+        return function
+    return register
 
 
 # -- masks as rows: pure helpers ---------------------------------------------------------
@@ -369,6 +378,7 @@ def _wrap(cls, name, make):
 # -- experience_field ----------------------------------------------------------------
 
 
+@hook("experience_field")
 def patch_experience_field(module) -> None:
     """`Experience` gets the `sampling_mask` field (a list, like `prompts`)."""
     cls = module.Experience
@@ -447,6 +457,7 @@ class _MaskingExecutor:
         return out
 
 
+@hook("rollout")
 def patch_rollout(module) -> None:
     """`RolloutRayActor.generate_responses` runs its executor through
     `_MaskingExecutor` where the engine has return_sampling_mask."""
@@ -468,6 +479,7 @@ def patch_rollout(module) -> None:
 # -- experience ------------------------------------------------------------------------
 
 
+@hook("experience")
 def patch_experience(module) -> None:
     """`_process_response_into_experience` keeps the dict's mask, cut like the action
     mask (`[1:max_len]`)."""
@@ -534,6 +546,7 @@ def _forward_taking_masks(original):
     return forward
 
 
+@hook("old_logprobs")
 def patch_old_logprobs(module) -> None:
     """The experience maker sends the masks (`_patch_maker`); the reference's
     (launcher) and the policy's (ppo_actor) `forward` take `sampling_mask=`."""
@@ -560,6 +573,7 @@ def coverage_status(sums) -> dict:
     return {COVERAGE_METRICS[0]: mass / count, COVERAGE_METRICS[1]: size / count}
 
 
+@hook("train_step")
 def patch_train_step(module) -> None:
     """`training_step` passes the experience's masks to `Actor.forward` and, unless
     VLLM_SAMPLING_MASK_COVERAGE=0, puts the coverage of its action tokens with a
@@ -596,6 +610,7 @@ def patch_train_step(module) -> None:
 # -- actor_forward ---------------------------------------------------------------------
 
 
+@hook("actor_forward")
 def patch_actor_forward(module) -> None:
     """`Actor.forward` takes the action log-probabilities over the supports in
     `masks_for_forward` (or its `sampling_mask=` argument)."""
@@ -603,6 +618,8 @@ def patch_actor_forward(module) -> None:
     def make(original):
         def forward(self, sequences, action_mask=None, attention_mask=None, *args,
                     sampling_mask=None, **kwargs):
+            import torch
+
             masks = sampling_mask if sampling_mask is not None else _pending.get()
             if action_mask is None or not _has_masks(masks):
                 return original(self, sequences, action_mask, attention_mask, *args, **kwargs)
@@ -630,9 +647,14 @@ def patch_actor_forward(module) -> None:
                 log_probs, (mass, sizes) = log_probs
                 actions = slice(-action_mask.shape[1], None)
                 keep = action_mask.bool().to(sizes.device) & (sizes[:, actions] > 0)
-                sums[0] += float(mass[:, actions][keep].double().sum())
-                sums[1] += float(sizes[:, actions][keep].double().sum())
-                sums[2] += int(keep.sum())
+                # the three sums read back together (one host sync)
+                mass_sum, size_sum, count = torch.stack([
+                    mass[:, actions][keep].double().sum(),
+                    sizes[:, actions][keep].double().sum(),
+                    keep.sum().double()]).tolist()
+                sums[0] += mass_sum
+                sums[1] += size_sum
+                sums[2] += int(count)
             action_log_probs = log_probs[:, -action_mask.shape[1]:] * action_mask.float()
             return (action_log_probs, output) if want_output else action_log_probs
         return forward
@@ -645,7 +667,6 @@ def patch_actor_forward(module) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """`openrlhf.cli.train_ppo_ray` with sampling masks (its arguments unchanged)."""
-    import os
     import runpy
     import sys
 
@@ -662,6 +683,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1")}))
     sys.argv = ["openrlhf.cli.train_ppo_ray", *argv]
     runpy.run_module("openrlhf.cli.train_ppo_ray", run_name="__main__", alter_sys=True)
+
+
+# every record has its one hook, every hook its record
+if set(HOOKS) != {patch.name for patch in PATCHES}:
+    raise RuntimeError(f"OpenRLHF patch records {sorted(p.name for p in PATCHES)} and "
+                       f"hooks {sorted(HOOKS)} differ")
 
 
 if __name__ == "__main__":

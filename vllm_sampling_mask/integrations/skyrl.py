@@ -59,6 +59,9 @@ it is installed in a server.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 from typing import Any
 
 import numpy as np
@@ -321,9 +324,6 @@ class SampleSupportRoute:
 
 # -- the coverage metric, in SkyRL's trainer -------------------------------------------
 
-import contextlib  # noqa: E402
-import contextvars  # noqa: E402
-import functools  # noqa: E402
 
 COVERAGE_METRICS = ("sampling_mask/mass_outside_support", "sampling_mask/support_size")
 MODEL_WRAPPER = "skyrl.backends.skyrl_train.workers.model_wrapper"
