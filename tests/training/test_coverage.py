@@ -50,6 +50,22 @@ def test_from_logits_and_from_hidden_match_the_dense_softmax(temperature):
     assert want.max().item() > 0.3 and (b.sizes == 0).sum().item() == 4
 
 
+def test_totals_sum_the_tokens_with_a_support_and_where_asked():
+    hidden, weight, _, rows = _case()
+    logits = hidden @ weight.T
+    want, _ = _dense(logits, rows, 1.0)
+    got = support_coverage(logits.float(), SamplingMask.from_lists(rows))
+    where = torch.arange(len(rows)) % 3 != 0
+    for keep, total in ((None, got.totals()), (where, got.totals(where))):
+        picked = [t for t, r in enumerate(rows) if r and (keep is None or keep[t])]
+        mass, size, count = total.tolist()
+        assert total.dtype == torch.float64 and total.shape == (3,)
+        assert count == len(picked) and size == sum(len(rows[t]) for t in picked)
+        assert abs(mass - want[picked].sum().item()) < 1e-4
+    # the rows without a support (4 of them) and the unkept ones are left out
+    assert got.totals()[2].item() == len(rows) - 4 > got.totals(where)[2].item()
+
+
 def test_full_support_has_no_mass_outside_and_packs_like_the_ops():
     hidden, weight, _, rows = _case(T=6, V=50)
     logits = hidden @ weight.T

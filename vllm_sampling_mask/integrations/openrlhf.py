@@ -618,7 +618,7 @@ def patch_actor_forward(module) -> None:
     def make(original):
         def forward(self, sequences, action_mask=None, attention_mask=None, *args,
                     sampling_mask=None, **kwargs):
-            import torch
+            from vllm_sampling_mask.training import Coverage
 
             masks = sampling_mask if sampling_mask is not None else _pending.get()
             if action_mask is None or not _has_masks(masks):
@@ -646,12 +646,9 @@ def patch_actor_forward(module) -> None:
             if coverage:
                 log_probs, (mass, sizes) = log_probs
                 actions = slice(-action_mask.shape[1], None)
-                keep = action_mask.bool().to(sizes.device) & (sizes[:, actions] > 0)
-                # the three sums read back together (one host sync)
-                mass_sum, size_sum, count = torch.stack([
-                    mass[:, actions][keep].double().sum(),
-                    sizes[:, actions][keep].double().sum(),
-                    keep.sum().double()]).tolist()
+                mass_sum, size_sum, count = Coverage(
+                    mass[:, actions], sizes[:, actions], None
+                ).totals(action_mask).tolist()                  # one host sync
                 sums[0] += mass_sum
                 sums[1] += size_sum
                 sums[2] += int(count)

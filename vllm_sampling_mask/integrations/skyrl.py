@@ -372,9 +372,7 @@ def replay_coverage(logits, row_ids, loss_mask, sample_support, chunk_rows=COVER
             offsets[1:] = sizes.cumsum(0)
             cover = support_coverage(flat.index_select(0, at), (support[keep], offsets),
                                      chunk_rows=chunk_rows)
-            has = cover.sizes > 0
-            total += torch.stack([cover.mass_outside[has].double().sum(),
-                                  cover.sizes[has].double().sum(), has.sum().double()])
+            total += cover.totals()
         mass, size, count = total.tolist()           # one host sync for the call
     return [mass, size, int(count)]
 

@@ -490,7 +490,7 @@ class MaskedGRPOTrainer(GRPOTrainer):
 
     def _log_coverage(self) -> None:
         """The loss forward's coverage, over every process's tokens with a support."""
-        total = torch.stack([torch.stack(t) for t in self._coverage_sums]).sum(dim=0)
+        total = torch.stack(self._coverage_sums).sum(dim=0)
         total = self.accelerator.gather(total.to(self.accelerator.device).unsqueeze(0))
         mass, size, count = total.reshape(-1, 3).sum(dim=0).tolist()
         if count > 0:
@@ -526,11 +526,7 @@ class MaskedGRPOTrainer(GRPOTrainer):
                 out = model(input_ids=input_ids[start:end],
                             attention_mask=attention_mask[start:end], **{HEAD_KWARG: head})
             if record and out.coverage is not None:
-                masked = out.coverage.sizes > 0
-                self._coverage_sums.append((
-                    out.coverage.mass_outside[masked].double().sum(),
-                    out.coverage.sizes[masked].double().sum(),
-                    masked.double().sum()))
+                self._coverage_sums.append(out.coverage.totals())
             logps.append(out.log_probs)
             entropies.append(out.entropy)
         return (torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None)

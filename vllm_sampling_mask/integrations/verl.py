@@ -370,9 +370,8 @@ _COVER_TOKENS = "_vllm_sampling_mask_coverage_tokens"   # the batch's tokens wit
 
 def coverage_sums(cover) -> tuple[float, float, int]:
     """`(mass outside, support size, tokens)` summed over the tokens with a support."""
-    masked = cover.sizes > 0
-    return (float(cover.mass_outside[masked].double().sum()),
-            float(cover.sizes[masked].double().sum()), int(masked.sum()))
+    mass, size, count = cover.totals().tolist()      # one host sync
+    return mass, size, int(count)
 
 
 def batch_support_tokens(data) -> Optional[int]:

@@ -52,6 +52,17 @@ class Coverage(NamedTuple):
     sizes: torch.Tensor
     entropy: Optional[torch.Tensor]
 
+    def totals(self, where: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``[mass outside, support size, tokens]`` summed over the tokens with a
+        support (and, given ``where``, a boolean of the figures' shape, only where it
+        is set): one float64 ``[3]`` tensor on their device, so that one ``.tolist()``
+        reads all three back. Divide the first two by the third for the means."""
+        has = self.sizes > 0
+        if where is not None:
+            has = has & where.to(has.device).bool()
+        return torch.stack([self.mass_outside[has].double().sum(),
+                            self.sizes[has].double().sum(), has.sum().double()])
+
 
 @torch.no_grad()
 def support_coverage(logits_or_hidden: torch.Tensor, mask: MaskLike,
