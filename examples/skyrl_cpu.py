@@ -16,7 +16,7 @@ TIS correction on (`trainer.algorithm.off_policy_correction.tis_ratio_type=token
 whose `is_ratio_mean` compares the old log-probabilities with the engine's.
 
 With masks the run turns on SkyRL's sample-support replay and this package's route
-(`integrations.skyrl.engine_init_kwargs()`); without them it is SkyRL as shipped
+(`integrations.skyrl.engine_init_kwargs()`); without them SkyRL's replay is off
 (full-softmax trainer log-probabilities against the engine's truncated ones).
 Each step's log payload, as SkyRL's trainer hands it to its tracker
 (`Tracking.log`), is written as a JSON line; the script prints each step's

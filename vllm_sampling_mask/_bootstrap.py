@@ -11,8 +11,9 @@ from vllm_sampling_mask.patches.apply import disabled, install_hooks
 
 if not disabled():
     install_hooks()
-    # SkyRL's trainer: the coverage metric (vllm_sampling_mask.integrations.skyrl),
-    # patched when SkyRL imports these modules; nothing is imported before
+    # SkyRL's trainer: the coverage metric and the tied LM head
+    # (vllm_sampling_mask.integrations.skyrl), patched when SkyRL imports these
+    # modules; nothing is imported before
     import wrapt
 
     wrapt.register_post_import_hook(
@@ -21,3 +22,6 @@ if not disabled():
     wrapt.register_post_import_hook(
         "vllm_sampling_mask.integrations.skyrl:patch_worker",
         "skyrl.backends.skyrl_train.workers.worker")
+    wrapt.register_post_import_hook(
+        "vllm_sampling_mask.integrations.skyrl:patch_fsdp_strategy",
+        "skyrl.backends.skyrl_train.distributed.fsdp_strategy")

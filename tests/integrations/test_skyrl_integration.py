@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
+import socket
 import sys
 import types
 
@@ -323,8 +325,6 @@ def test_a_servers_fixed_width_pads_every_row_and_bounds_the_top_k(ray_head):
 def _model_wrapper(monkeypatch):
     """SkyRL's model_wrapper module (flash-attn's two padding functions stood in where
     flash-attn is not installed: see `_bert_padding_stand_in`)."""
-    import importlib
-
     import peft  # noqa: F401  (transformers probes flash_attn's spec: before the stand-in)
     import transformers.modeling_utils  # noqa: F401
     try:
@@ -421,8 +421,6 @@ def test_the_policy_workers_status_carries_the_coverage(monkeypatch):
     rate 0. `torch.cuda.current_device` answers "cpu" for worker.py:1090
     (`experience.to_device(torch.cuda.current_device())`)."""
     _need_skyrl()
-    import importlib
-
     import torch
     from skyrl.backends.skyrl_train.utils.ppo_utils import PolicyLossRegistry
     from skyrl.train.config.config import SkyRLTrainConfig
@@ -470,3 +468,102 @@ def test_the_policy_workers_status_carries_the_coverage(monkeypatch):
     monkeypatch.setenv(COVERAGE, "0")
     off = worker._forward_backward_micro(experience(), 1.0)
     assert "policy_loss" in off and not set(adapter.COVERAGE_METRICS) & set(off)
+
+
+# -- the tied LM head through SkyRL's FSDP2 init -------------------------------------
+
+
+def _fsdp_step(monkeypatch, retie: bool):
+    """SkyRL's own `FSDPStrategy._fsdp_init_model` (its FSDP config, float32, a
+    one-rank gloo group and CPU mesh) on the demo model (tied LM head), then one AdamW
+    step; also an unsharded tied copy's same step. Returns both models and a batch.
+    `_sync_non_persistent_buffers` (fsdp_utils.py:125, :127: `.cuda()` and
+    `device="cuda"` in the broadcast of rank 0's buffers) is stood in by a no-op: at
+    one rank `_fsdp_init_model` has put rank 0's buffers back before it."""
+    import torch
+    from skyrl.backends.skyrl_train.distributed import fsdp_utils
+    from skyrl.train.config import FSDPConfig
+    from skyrl.train.config.config import MixedPrecisionConfig
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoModelForCausalLM
+
+    from vllm_sampling_mask import DEMO_MODEL
+
+    _model_wrapper(monkeypatch)             # fsdp_strategy imports model_wrapper
+    strategy = importlib.import_module(
+        "skyrl.backends.skyrl_train.distributed.fsdp_strategy")
+    adapter.patch_fsdp_strategy(strategy)   # the site hook's, where the package is installed
+    if not retie:                           # the adapter switched off
+        monkeypatch.setattr(strategy, "apply_fsdp2", strategy.apply_fsdp2.__wrapped__)
+    monkeypatch.setattr(fsdp_utils, "_sync_non_persistent_buffers", lambda model, sd: None)
+    torch.manual_seed(0)
+    batch = torch.randint(3, 4096, (2, 12))
+    models = []
+    for sharded in (True, False):
+        model = AutoModelForCausalLM.from_pretrained(DEMO_MODEL, dtype=torch.float32)
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+        if sharded:
+            fp32 = MixedPrecisionConfig(param_dtype="fp32", reduce_dtype="fp32",
+                                        buffer_dtype="fp32")
+            owner = types.SimpleNamespace(
+                fsdp_config=FSDPConfig(mixed_precision=fp32),
+                device_mesh=init_device_mesh("cpu", (1,), mesh_dim_names=("fsdp",)))
+            model = strategy.FSDPStrategy._fsdp_init_model(owner, model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        model(input_ids=batch, labels=batch).loss.backward()
+        optimizer.step()
+        models.append(model)
+    return models, batch
+
+
+@pytest.fixture
+def gloo_rank(monkeypatch):
+    """A one-rank gloo process group for SkyRL's FSDP2 init."""
+    _need_skyrl()
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.fail("a process group is already initialised in this process")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _head_and_logits(models, batch):
+    import torch
+
+    sharded, tied = models
+    head = sharded.get_parameter("lm_head.weight").full_tensor()
+    embed = sharded.get_parameter("model.embed_tokens.weight").full_tensor()
+    with torch.no_grad():
+        logits = (sharded(input_ids=batch).logits - tied(input_ids=batch).logits)
+    return ((head - embed).abs().max().item(),
+            (embed - tied.model.embed_tokens.weight).abs().max().item(),
+            logits.abs().max().item())
+
+
+@pytest.mark.skyrl
+def test_skyrls_fsdp2_step_keeps_a_tied_head_tied(monkeypatch, gloo_rank):
+    """With `patch_fsdp_strategy` one FSDP2 step of SkyRL's init equals the unsharded
+    tied model's: the head is the embedding, which the weight sync delivers."""
+    head_vs_embed, embed_vs_tied, logits = _head_and_logits(*_fsdp_step(monkeypatch, True))
+    print(f"\nre-tied: head-embed {head_vs_embed}, embed vs tied {embed_vs_tied}, "
+          f"logits {logits}")
+    assert head_vs_embed == 0.0
+    assert embed_vs_tied < 1e-6 and logits < 1e-5
+
+
+@pytest.mark.skyrl
+def test_without_the_fix_skyrls_fsdp2_step_unties_the_head(monkeypatch, gloo_rank):
+    """The control: SkyRL's init as shipped trains a head of its own (AdamW moves the
+    two apart by about 2 x lr in one step) and its logits leave the tied model's."""
+    head_vs_embed, embed_vs_tied, logits = _head_and_logits(*_fsdp_step(monkeypatch, False))
+    print(f"\nas shipped: head-embed {head_vs_embed}, embed vs tied {embed_vs_tied}, "
+          f"logits {logits}")
+    assert head_vs_embed > 1e-4 and logits > 1e-3

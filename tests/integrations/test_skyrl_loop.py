@@ -9,7 +9,9 @@ optimizer step (`train_critic_and_policy`), the weight sync to the server (SkyRL
 `delta` backend), and the second rollout on the new weights:
 - with masks: SkyRL's sample-support replay fed by this package's route
   (`integrations.skyrl.engine_init_kwargs()` in SkyRL's `engine_init_kwargs`);
-- without them: SkyRL as shipped (the control).
+- without them: SkyRL's replay off (the control).
+Both have the package's fix for SkyRL's tied LM head
+(`integrations.skyrl.patch_fsdp_strategy`, from the site hook).
 The figures are SkyRL's own: the payload its trainer logs each step
 (`policy/loss_metrics/is_ratio_mean`, from its off-policy correction, and
 `policy/rollout_train_logprobs_abs_diff_mean`). The CPU-host stand-ins for SkyRL's
@@ -78,19 +80,16 @@ def test_skyrls_off_policy_ratio_reads_one_with_masks_at_step_1(runs):
     print("\nwith masks:", [(s[IS_RATIO], s[ABS_DIFF]) for s in runs["masks"]])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "after SkyRL's delta weight sync on a CPU host the server's log-probabilities differ "
-    "from the trainer's (is_ratio_mean 1.0016, mean abs diff 3.5e-3): the reload runs "
-    "through weight_sync/delta/engine.py:83 (finalize_layerwise_reload), not "
-    "Worker.reload_weights; the rest of the gap is not found (docs/rl_recipes.md, SkyRL)"))
 def test_skyrls_off_policy_ratio_reads_one_with_masks_after_the_weight_sync(runs):
+    """After the delta sync the engine samples from the weights the trainer stepped
+    (its tied LM head kept tied: `integrations.skyrl.patch_fsdp_strategy`)."""
     second = runs["masks"][1]
     assert abs(second[IS_RATIO] - 1.0) < 1e-5, second
     assert second[ABS_DIFF] < 1e-4, second
 
 
 def test_without_masks_the_same_loop_reads_the_mismatch(runs):
-    """The control: SkyRL as shipped compares full-softmax log-probabilities with the
+    """The control: without replay SkyRL compares full-softmax log-probabilities with the
     engine's truncated ones."""
     for s in runs["stock"]:
         assert abs(s[IS_RATIO] - 1.0) > 1e-3, s

@@ -122,6 +122,7 @@ SK_CONFIG = "skyrl.train.config.config"
 SK_WRAPPER = "skyrl.backends.skyrl_train.workers.model_wrapper"
 SK_WORKER = "skyrl.backends.skyrl_train.workers.worker"
 SK_WORKER_UTILS = "skyrl.backends.skyrl_train.workers.worker_utils"
+SK_FSDP = "skyrl.backends.skyrl_train.distributed.fsdp_strategy"
 
 SKYRL_SEAMS: dict[str, tuple[Entry, ...]] = {
     # turned on by SkyRL's configuration: engine_init_kwargs become the server's
@@ -212,6 +213,15 @@ SKYRL_SEAMS: dict[str, tuple[Entry, ...]] = {
             "metrics = self._forward_backward_micro(",
             "result = reduce_metrics(all_metrics, sum_loss_metrics=True)")),
         SourceUses(SK_WORKER_UTILS, "reduce_metrics", ("Default reduction is mean.",)),
+    ),
+    # the tied LM head: the FSDP2 init moves the model to meta (which unties it), then
+    # calls the module's apply_fsdp2, then loads the full state dict
+    "trainer.tied_head": (
+        Name(SK_FSDP, "apply_fsdp2"),
+        SourceUses(SK_FSDP, "FSDPStrategy._fsdp_init_model", (
+            'module.to(torch.device("meta"))',
+            "apply_fsdp2(module, fsdp_kwargs, self.fsdp_config)",
+            "fsdp2_load_full_state_dict(module, full_state, cpu_offload)")),
     ),
 }
 

@@ -49,9 +49,20 @@ without gradient from the temperature-scaled logits the replay's
 `score_aligned_sample_support` already receives, `COVERAGE_ROWS` rows at a time (one
 `[rows, V]` float32 chunk more; SkyRL's replay itself scores the support's pairs only,
 so the full softmax's log-sum-exp is this metric's own pass over the logits).
-`VLLM_SAMPLING_MASK_COVERAGE=0` turns it off. The package's site hook registers the
-two trainer patches (`patch_model_wrapper`, `patch_worker`) for when SkyRL imports
-those modules, in every process of the job.
+`VLLM_SAMPLING_MASK_COVERAGE=0` turns it off.
+
+A tied LM head (`patch_fsdp_strategy`, a fix of SkyRL's, not of the mask's): SkyRL's
+FSDP2 init moves the model to the meta device before sharding it, which gives a tied
+LM head a parameter of its own; the trainer then trains that head while vLLM, which
+ties the head to the embedding and skips `lm_head.weight` on a load, keeps sampling
+from the embedding. From the first weight sync on the trainer's log-probabilities are
+not the engine's (demo model, top-k 8, top-p 0.7: SkyRL's `is_ratio_mean` 1.015 at
+step 2 with masks). The patch ties the weights again before sharding, as the
+checkpoint has them.
+
+The package's site hook registers the three trainer patches (`patch_model_wrapper`,
+`patch_worker`, `patch_fsdp_strategy`) for when SkyRL imports those modules, in every
+process of the job.
 
 Importing this module imports neither vLLM nor SkyRL; the route imports them when
 it is installed in a server.
@@ -69,7 +80,8 @@ import numpy as np
 __all__ = ["ROUTE", "WIDTH_OPTION", "MIDDLEWARE", "SupportWidthError",
            "engine_init_kwargs", "support_width", "support_rows", "SampleSupportRoute",
            "install_route", "COVERAGE_METRICS", "MODEL_WRAPPER", "WORKER",
-           "coverage_sums", "replay_coverage", "patch_model_wrapper", "patch_worker"]
+           "coverage_sums", "replay_coverage", "patch_model_wrapper", "patch_worker",
+           "patch_fsdp_strategy"]
 
 ROUTE = "/skyrl/v1/generate"
 # The server argument (an `engine_init_kwargs` entry) that fixes the width.
@@ -427,3 +439,29 @@ def patch_worker(module) -> None:
 
     setattr(_forward_backward_micro, _MARK, True)
     cls._forward_backward_micro = _forward_backward_micro
+
+
+def patch_fsdp_strategy(module) -> None:
+    """`apply_fsdp2` (the name `FSDPStrategy._fsdp_init_model` calls, after it moves
+    the model to the meta device) ties a model's LM head to its embedding again first,
+    where the model's config ties them.
+
+    Why: the move gives each of the two a parameter of its own, so SkyRL trains a head
+    that no weight sync delivers (vLLM's tied models skip `lm_head.weight`). Tied
+    again before sharding, one FSDP2 step equals an unsharded tied model's (0.0
+    difference in weights and logits, tests/integrations/test_skyrl_integration.py).
+    Until: SkyRL's `_fsdp_init_model` keeps or restores the tie (its seam entries,
+    `trainer.tied_head`, fail when that source changes)."""
+    original = module.apply_fsdp2
+    if getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def apply_fsdp2(model, *args, **kwargs):
+        if getattr(getattr(model, "config", None), "tie_word_embeddings", False) \
+                and hasattr(model, "tie_weights"):
+            model.tie_weights()
+        return original(model, *args, **kwargs)
+
+    setattr(apply_fsdp2, _MARK, True)
+    module.apply_fsdp2 = apply_fsdp2
