@@ -69,6 +69,7 @@ def overrides(directory: str, *, masks: bool = True, remove_padding: bool = True
     data = write_dataset(directory)
     rollout = "actor_rollout_ref.rollout"
     actor = "actor_rollout_ref.actor"
+    ref = "actor_rollout_ref.ref"
     lines = [
         "algorithm.adv_estimator=grpo",
         f"data.train_files={data}", f"data.val_files={data}",
@@ -86,7 +87,16 @@ def overrides(directory: str, *, masks: bool = True, remove_padding: bool = True
         f"+{actor}.fsdp_config.mixed_precision.buffer_dtype=fp32",
         f"{actor}.use_torch_compile=false",
         f"{actor}.fsdp_config.use_torch_compile=false",
-        f"{actor}.optim.lr=1e-3", f"{actor}.use_kl_loss=false",
+        f"{actor}.optim.lr=1e-3",
+        # a KL term to a reference policy (verl's ref worker: its own log-probabilities)
+        f"{actor}.use_kl_loss=true", f"{actor}.kl_loss_coef=0.01",
+        f"{actor}.kl_loss_type=low_var_kl",
+        f"{ref}.log_prob_micro_batch_size_per_gpu=4", f"{ref}.use_torch_compile=false",
+        f"{ref}.fsdp_config.strategy=fsdp2", f"{ref}.fsdp_config.dtype=float32",
+        f"{ref}.fsdp_config.use_torch_compile=false",
+        f"+{ref}.fsdp_config.mixed_precision.param_dtype=fp32",
+        f"+{ref}.fsdp_config.mixed_precision.reduce_dtype=fp32",
+        f"+{ref}.fsdp_config.mixed_precision.buffer_dtype=fp32",
         f"{rollout}.name=vllm", f"{rollout}.n=4",
         f"{rollout}.temperature=0.8", f"{rollout}.top_k=8", f"{rollout}.top_p=0.7",
         f"{rollout}.tensor_model_parallel_size=1", f"{rollout}.dtype=float32",
@@ -169,7 +179,7 @@ def read_metrics(path: str) -> list[dict]:
 
 KEYS = ["training/rollout_probs_diff_max", "training/rollout_probs_diff_mean",
         "rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_min",
-        "rollout_corr/rollout_is_max", "rollout_corr/kl", "actor/pg_loss",
+        "rollout_corr/rollout_is_max", "rollout_corr/kl", "actor/pg_loss", "actor/kl_loss",
         "actor/grad_norm", "critic/score/mean", "timing_s/step"]
 
 

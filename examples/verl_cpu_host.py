@@ -33,11 +33,15 @@ worker by verl's `VERL_USE_EXTERNAL_MODULES=verl_cpu_host` and picked by
   verl/workers/rollout/vllm_rollout/vllm_rollout.py:143), in place of CUDA IPC.
 - `communication_backend_name` "gloo" in place of "nccl".
 
-One line is replaced rather than answered: `initialize_global_process_group_ray`
-(verl/utils/distributed.py:89) forms
-`f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"`, which on the CPU names the
-CPU twice (`cpu:gloo,cpu:gloo`, refused by `torch.distributed`); called without a
-backend it gets "cpu:gloo" here, what the line gives CPU tensors on any device.
+Two lines are replaced rather than answered:
+- `initialize_global_process_group_ray` (verl/utils/distributed.py:89) forms
+  `f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"`, which on the CPU names the
+  CPU twice (`cpu:gloo,cpu:gloo`, refused by `torch.distributed`); called without a
+  backend it gets "cpu:gloo" here, what the line gives CPU tensors on any device.
+- `offload_policy = CPUOffloadPolicy(pin_memory=True)`
+  (verl/workers/engine/fsdp/transformer_impl.py:462), the FSDP2 policy of a
+  forward-only engine (the reference policy's): pinned host memory needs a CUDA
+  driver, so on this host the module's `CPUOffloadPolicy` builds it unpinned.
 
 The FSDP training engine is registered for `device=["cuda", "npu"]` only
 (`@EngineRegistry.register(...)` above `FSDPEngineWithLMHead`,
@@ -56,6 +60,7 @@ import types
 from contextlib import contextmanager
 
 import torch
+import wrapt
 
 from verl.plugin.platform import PlatformBase, PlatformRegistry
 
@@ -208,3 +213,23 @@ def _gloo_process_group() -> None:
 
 
 _gloo_process_group()
+
+
+def _unpinned_offload(module) -> None:
+    """transformer_impl.py:462's `CPUOffloadPolicy(pin_memory=True)`, unpinned (see the
+    module docstring)."""
+    original = module.CPUOffloadPolicy
+    if getattr(original, "_cpu_host", False):
+        return
+
+    class CPUOffloadPolicy(original):
+        _cpu_host = True
+
+        def __init__(self, pin_memory: bool = True):
+            super().__init__(pin_memory=False)
+
+    module.CPUOffloadPolicy = CPUOffloadPolicy
+
+
+wrapt.register_post_import_hook(_unpinned_offload,
+                                "verl.workers.engine.fsdp.transformer_impl")

@@ -5,9 +5,10 @@
 agent loop and `vLLMHttpServer` (an engine of the demo model, float32, TP 1, verl's
 default `load_format: dummy`, so the engine holds the trainer's weights only through
 verl's weight sync), `compute_log_prob`, GRPO advantages, the rollout correction,
-`update_actor` (FSDP2, gloo) and the weight sync before the second rollout. Each run
-has a Ray head of its own (logical GPUs for verl's placement groups); the CPU stand-ins
-are in examples/verl_cpu_host.py.
+the reference policy's log-probabilities (verl's ref worker, for a low-variance KL
+loss), `update_actor` (FSDP2, gloo) and the weight sync before the second rollout.
+Each run has a Ray head of its own (logical GPUs for verl's placement groups); the CPU
+stand-ins are in examples/verl_cpu_host.py.
 
 The metrics are verl's own dict of each step (its `file` logger): the rollout
 correction's importance weights (`rollout_corr/rollout_is_*`, trainer old
@@ -85,6 +86,14 @@ def test_both_runs_do_two_training_steps(runs):
         for m in metrics:
             assert m["actor/grad_norm"] > 0 and m["actor/lr"] > 0   # an optimizer step
             assert m["response_length/mean"] > 0
+
+
+def test_the_reference_policy_takes_part(runs):
+    """verl's reference worker gives the KL term its log-probabilities: equal to the
+    policy's at step 1 (the same weights), apart at step 2 (the policy stepped)."""
+    for metrics in runs:
+        first, second = (m["actor/kl_loss"] for m in metrics)
+        assert abs(first) < 1e-6 and second > 1e-4, (first, second)
 
 
 def test_with_masks_verls_importance_weights_are_1_before_and_after_the_weight_sync(runs):
