@@ -618,8 +618,6 @@ def patch_actor_forward(module) -> None:
     def make(original):
         def forward(self, sequences, action_mask=None, attention_mask=None, *args,
                     sampling_mask=None, **kwargs):
-            from vllm_sampling_mask.training import Coverage
-
             masks = sampling_mask if sampling_mask is not None else _pending.get()
             if action_mask is None or not _has_masks(masks):
                 return original(self, sequences, action_mask, attention_mask, *args, **kwargs)
@@ -644,6 +642,8 @@ def patch_actor_forward(module) -> None:
                 log_probs = support_log_probs(output["logits"], sequences, masks, columns,
                                               coverage)
             if coverage:
+                from vllm_sampling_mask.training import Coverage
+
                 log_probs, (mass, sizes) = log_probs
                 actions = slice(-action_mask.shape[1], None)
                 mass_sum, size_sum, count = Coverage(

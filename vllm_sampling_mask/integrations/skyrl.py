@@ -336,7 +336,6 @@ class SampleSupportRoute:
 
 # -- the coverage metric, in SkyRL's trainer -------------------------------------------
 
-
 COVERAGE_METRICS = ("sampling_mask/mass_outside_support", "sampling_mask/support_size")
 MODEL_WRAPPER = "skyrl.backends.skyrl_train.workers.model_wrapper"
 WORKER = "skyrl.backends.skyrl_train.workers.worker"
@@ -439,6 +438,9 @@ def patch_worker(module) -> None:
 
     setattr(_forward_backward_micro, _MARK, True)
     cls._forward_backward_micro = _forward_backward_micro
+
+
+# -- the tied LM head, in SkyRL's FSDP2 init -------------------------------------------
 
 
 def patch_fsdp_strategy(module) -> None:
