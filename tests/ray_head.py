@@ -29,9 +29,17 @@ _handed_out: list[range] = []   # blocks this process gave out (a head binds its
 def port_block(size: int) -> int:
     """The first port of `size` consecutive free loopback ports, inside
     VLLM_SAMPLING_MASK_TEST_PORTS when set, and outside every block this process
-    handed out before."""
+    handed out before. Under pytest-xdist each worker searches its own share of the
+    span (its slot: the worker's id modulo the count), so that two workers never pick
+    the same block before either head has bound it."""
     span = os.environ.get("VLLM_SAMPLING_MASK_TEST_PORTS", "20000-29999")
     first, last = (int(p) for p in span.split("-"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker and count > 1:
+        share = (last + 1 - first) // count
+        first += int(worker.removeprefix("gw")) % count * share
+        last = first + share - 1
     for base in range(first, last + 2 - size, size):
         if any(base < r.stop and r.start < base + size for r in _handed_out):
             continue

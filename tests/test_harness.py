@@ -32,3 +32,15 @@ def test_every_worker_id_gets_its_slots_cores(worker, slot):
     assert r.returncode == 0, r.stderr[-2000:]
     mine = cores[slot::2]
     assert r.stdout.split()[-2:] == [",".join(map(str, mine)), str(len(mine))]
+
+
+@pytest.mark.parametrize("worker, slot", [("gw0", 0), ("gw1", 1), ("gw3", 1)])
+def test_every_worker_takes_ray_head_ports_from_its_own_share(monkeypatch, worker, slot):
+    """Two workers that each start a Ray head (the framework steps run on two) must not
+    pick the same block: a head binds its ports only once it is up."""
+    from ray_head import port_block
+    monkeypatch.setenv("VLLM_SAMPLING_MASK_TEST_PORTS", "20000-29999")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    base = port_block(60)
+    assert 20000 + 5000 * slot <= base and base + 59 <= 24999 + 5000 * slot
