@@ -47,8 +47,18 @@ def _run(tmp_path, name, **settings):
     if EXAMPLES not in sys.path:
         sys.path.insert(0, EXAMPLES)
     import verl_cpu
+    from verl_cpu_host import ENV
 
-    verl_cpu.prepare_process()
+    # verl_cpu.prepare_process()'s environment (verl's CPU platform, its module on this
+    # run's path only), undone after the run: a later module's Ray head (the other
+    # modules of the step may follow on this worker) copies os.environ
+    with pytest.MonkeyPatch.context() as scope:
+        for key, value in ENV.items():
+            scope.setenv(key, value)
+        return _train(verl_cpu, ray, tmp_path, name, settings)
+
+
+def _train(verl_cpu, ray, tmp_path, name, settings):
     directory = tmp_path / name
     directory.mkdir()
     config = verl_cpu.compose(verl_cpu.overrides(str(directory), **settings))
