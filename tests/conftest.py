@@ -580,6 +580,21 @@ def pytest_sessionfinish(session):
         f.write("\n")
 
 
+# `import trl` sets VLLM_LOGGING_LEVEL=ERROR for its process unless it is set
+# (trl/_compat.py), and the TRL modules import it while pytest collects: every engine
+# and server this run starts would inherit it, and the tests that read vLLM's INFO
+# lines (the start-up line, the refusal logs) would find none. The run keeps the level
+# it started with.
+_VLLM_LOGGING_LEVEL = os.environ.get("VLLM_LOGGING_LEVEL")
+
+
+def pytest_collection_finish(session):
+    if _VLLM_LOGGING_LEVEL is None:
+        os.environ.pop("VLLM_LOGGING_LEVEL", None)
+    else:
+        os.environ["VLLM_LOGGING_LEVEL"] = _VLLM_LOGGING_LEVEL
+
+
 def pytest_collection_modifyitems(config, items):
     """Marks the release tier (`RELEASE_TIER`). `gpu` tests run only where CUDA is
     available; elsewhere they are reported as skipped, with the reason (never
