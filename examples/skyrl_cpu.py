@@ -9,7 +9,7 @@ and `num_gpus=1` workers schedule; then SkyRL's `skyrl.train.entrypoints.main_ba
 `RayPPOTrainer.train`) in a driver process of its own, configured only through
 SkyRL's own options: the demo model in float32 (`trainer.bf16=false`, FSDP2 mixed
 precision fp32, `generator.inference_engine.model_dtype=float32`), four prompts, 2
-prompts x 2 samples per step, 16 new tokens, top-k 8, top-p 0.7, temperature 0.8,
+prompts x 4 samples per step, 16 new tokens, top-k 8, top-p 0.7, temperature 0.8,
 policy and reference FSDP workers, one vLLM server (vLLM's CPU worker), weight sync
 through SkyRL's `delta` backend (checkpoint deltas on disk: no NCCL), and the token
 TIS correction on (`trainer.algorithm.off_policy_correction.tis_ratio_type=token`),
@@ -298,12 +298,19 @@ def overrides(masks: bool, work: str, name: str) -> list[str]:
         "trainer.hf_save_interval=-1", "trainer.enable_ray_gpu_monitor=false",
         f"trainer.ckpt_path={work}/ckpt", f"trainer.export_path={work}/export",
         f"trainer.log_path={work}/logs", "trainer.seed=7",
-        "trainer.policy.optimizer_config.lr=1e-3",
+        # 1e-3 made one step's policy so sharp that top-p 0.7 kept one token at every
+        # position of the next rollout: with masks each log-probability over a one-token
+        # support is 0, and that step trained nothing (docs/rl_recipes.md, SkyRL)
+        "trainer.policy.optimizer_config.lr=1e-4",
         "trainer.policy.optimizer_config.num_warmup_steps=0",
         "trainer.algorithm.advantage_estimator=grpo",
         "trainer.algorithm.use_kl_loss=true",
         "trainer.algorithm.off_policy_correction.tis_ratio_type=token",
-        "generator.n_samples_per_prompt=2",
+        # four answers per prompt: GRPO's advantage is zero in a group whose rewards all
+        # tie, and so is the whole step's gradient at step 1 (the KL term's is zero while
+        # the policy equals the reference); with two answers the demo model's draws tied
+        # in 11 of 800 groups on this host, with four in none of 800
+        "generator.n_samples_per_prompt=4",
         "generator.sampling_params.max_generate_length=16",
         "generator.sampling_params.temperature=0.8",
         "generator.sampling_params.top_p=0.7",

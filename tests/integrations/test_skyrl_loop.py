@@ -65,7 +65,10 @@ def test_two_steps_run_with_the_weight_sync_between(runs):
         for s in steps:
             # the loss was taken and the optimizer stepped, then the weights went to
             # the server (SkyRL times each phase of its step)
-            assert s["policy/grad_norm"] > 0, (name, s)
+            assert s["policy/grad_norm"] > 0, (
+                name, s["trainer/global_step"], s["policy/grad_norm"],
+                "mean |advantage| (zero where every group's rewards tie):",
+                s.get("loss/avg_raw_advantages_abs"), "rewards:", s.get("reward/avg_raw_reward"))
             assert s["timing/train_critic_and_policy"] > 0, (name, s)
             assert s["timing/sync_weights"] > 0, (name, s)
             assert math.isfinite(s[IS_RATIO]), (name, s)        # the correction ran
