@@ -231,19 +231,23 @@ def install_stand_ins() -> None:
         module.Tracking.log = log
 
 
+def reward(answer: str) -> float:
+    """The task's score: one that differs between answers (any signal will do for two
+    steps)."""
+    return (sum(map(ord, answer)) % 97) / 97.0
+
+
 def _reward_env_class():
     from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
     class RewardEnv(BaseTextEnv):
-        """One turn; a score that differs between answers (any signal will do for
-        two steps)."""
+        """One turn, scored by `reward`."""
 
         def __init__(self, env_config=None, extras=None):
             super().__init__()
 
         def step(self, action: str) -> BaseTextEnvStepOutput:
-            reward = (sum(map(ord, action)) % 97) / 97.0
-            return BaseTextEnvStepOutput(observations=[], reward=reward, done=True,
+            return BaseTextEnvStepOutput(observations=[], reward=reward(action), done=True,
                                          metadata={})
     return RewardEnv
 
@@ -306,10 +310,9 @@ def overrides(masks: bool, work: str, name: str) -> list[str]:
         "trainer.algorithm.advantage_estimator=grpo",
         "trainer.algorithm.use_kl_loss=true",
         "trainer.algorithm.off_policy_correction.tis_ratio_type=token",
-        # four answers per prompt: GRPO's advantage is zero in a group whose rewards all
-        # tie, and so is the whole step's gradient at step 1 (the KL term's is zero while
-        # the policy equals the reference); with two answers the demo model's draws tied
-        # in 11 of 800 groups on this host, with four in none of 800
+        # four answers per prompt: a GRPO group whose rewards all tie has no advantage,
+        # and at step 1 no KL gradient either (benchmarks/skyrl_reward_ties.py counts
+        # the ties; docs/rl_recipes.md, SkyRL)
         "generator.n_samples_per_prompt=4",
         "generator.sampling_params.max_generate_length=16",
         "generator.sampling_params.temperature=0.8",
@@ -428,6 +431,9 @@ def main() -> None:
                       f"rollout/train |logprob diff| mean "
                       f"{s.get('policy/rollout_train_logprobs_abs_diff_mean', float('nan')):.3g}, "
                       f"policy_loss {s.get('policy/policy_loss', float('nan')):.4g}, "
+                      f"grad_norm {s.get('policy/grad_norm', float('nan')):.3g}, "
+                      f"entropy {s.get('policy/policy_entropy', float('nan')):.3g}, "
+                      f"kl {s.get('policy/policy_kl', float('nan')):.3g}, "
                       f"reward {s.get('reward/avg_raw_reward', float('nan')):.3g}")
 
 
